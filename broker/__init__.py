@@ -1,0 +1,1 @@
+"""Everything that crosses a process boundary: settings, Celery app, messages, Redis, PostgreSQL."""

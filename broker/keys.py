@@ -1,0 +1,42 @@
+"""Names of every Redis key clawq uses, in one place."""
+
+PREFIX = "clawq"
+
+
+def call(job_id: str, turn: int, call_id: str) -> str:
+    """Hot half of the tool-call ledger: status, owner process, attempts, outcome.
+
+    Keyed by job, turn and the model's call id: ids are unique within a turn by contract,
+    while a script (or a careless model) may reuse one in a later turn."""
+    return f"{PREFIX}:call:{job_id}:{turn}:{call_id}"
+
+
+def proc(proc_id: str) -> str:
+    """Presence of one live process (worker executor or orchestrator), kept by heartbeats."""
+    return f"{PREFIX}:proc:{proc_id}"
+
+
+PROC_PATTERN = f"{PREFIX}:proc:*"
+PROC_PREFIX = f"{PREFIX}:proc:"
+
+
+def reply(orchestrator_id: str) -> str:
+    """List on which workers push outcomes for one orchestrator process."""
+    return f"{PREFIX}:reply:{orchestrator_id}"
+
+
+def events(job_id: str) -> str:
+    """Redis stream of a job's typed events (the client's resumable feed)."""
+    return f"{PREFIX}:events:{job_id}"
+
+
+def cancel(job_id: str) -> str:
+    return f"{PREFIX}:cancel:{job_id}"
+
+
+def lease(job_id: str) -> str:
+    """Which orchestrator runs a job; expires when that orchestrator stops heartbeating."""
+    return f"{PREFIX}:lease:{job_id}"
+
+
+CONTROL_CHANNEL = f"{PREFIX}:control"

@@ -1,0 +1,76 @@
+"""The hot half of the tool-call ledger: at-least-once delivery, effect recorded once.
+
+Each call has a hash keyed by job and call id. A worker `begin`s a call before running it
+and `finish`es it after; both are single Lua scripts, so two deliveries of the same call
+can never both run it while its first runner is alive, and the outcome is recorded and
+pushed to the waiting orchestrator in one atomic step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from broker import keys
+
+BEGIN = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if st == 'done' then return {'done', redis.call('HGET', KEYS[1], 'outcome')} end
+if st == 'running' then
+  local owner = redis.call('HGET', KEYS[1], 'proc')
+  if owner ~= ARGV[1] and redis.call('EXISTS', ARGV[5] .. owner) == 1 then
+    return {'busy', owner}
+  end
+end
+local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+if n > tonumber(ARGV[2]) then return {'exhausted', tostring(n - 1)} end
+redis.call('HSET', KEYS[1], 'status', 'running', 'proc', ARGV[1], 'started_at', ARGV[4])
+return {'run', tostring(n)}
+"""
+
+FINISH = """
+if redis.call('HGET', KEYS[1], 'status') == 'done' then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'done', 'outcome', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('LPUSH', KEYS[2], ARGV[1])
+return 1
+"""
+
+Verdict = Literal["run", "done", "busy", "exhausted"]
+
+
+@dataclass(frozen=True)
+class Begin:
+    verdict: Verdict
+    detail: str  # attempt number, stored outcome JSON, or the busy owner
+
+
+class Ledger:
+    """Synchronous ledger operations, used inside worker processes."""
+
+    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
+        self.client = client
+        self.ttl_s = ttl_s
+        self._begin = client.register_script(BEGIN)
+        self._finish = client.register_script(FINISH)
+
+    def begin(
+        self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
+    ) -> Begin:
+        verdict, detail = self._begin(
+            keys=[keys.call(job_id, turn, call_id)],
+            args=[proc_id, max_deliveries, self.ttl_s, now, keys.PROC_PREFIX],
+        )
+        return Begin(verdict.decode(), detail.decode() if detail else "")
+
+    def finish(
+        self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str
+    ) -> bool:
+        """Record the outcome and push it; False if an outcome was already recorded."""
+        done = self._finish(
+            keys=[keys.call(job_id, turn, call_id), reply_to], args=[outcome_json, self.ttl_s]
+        )
+        return bool(done)

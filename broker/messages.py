@@ -1,0 +1,133 @@
+"""Typed messages that cross process boundaries (queue, Redis, client)."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class Group(StrEnum):
+    """Tool groups; each is one Celery queue. `agents` carries agent runs, not tools."""
+
+    fs = "fs"
+    runtime = "runtime"
+    web = "web"
+    memory = "memory"
+    sessions = "sessions"
+    ui = "ui"
+    automation = "automation"
+    messaging = "messaging"
+    media = "media"  # image, tts, skill_search, nodes: the seed's "other tools"
+    mcp = "mcp"
+
+
+AGENTS_QUEUE = "agents"
+AGENT_RUN_TASK = "clawq.agent_run"
+
+
+class CallContext(BaseModel):
+    """Per-call values a tool may read; never shared mutable state (goclaw §1)."""
+
+    workspace: str
+    channel: str = ""
+    chat_id: str = ""
+    peer_kind: str = ""
+    sandbox_key: str = ""
+    writable_paths: list[str] = Field(
+        default_factory=list, description="protected patterns (e.g. .git/**) made writable"
+    )
+
+
+class CallEnvelope(BaseModel):
+    """What a worker receives for one tool call."""
+
+    call_id: str
+    job_id: str
+    turn: int = Field(0, description="model turn of the job; with call_id, the ledger key")
+    session_id: str
+    agent_id: str = "main"
+    user_id: str = ""
+    depth: int = 0
+    tool: str
+    input: dict[str, Any]
+    context: CallContext
+    timeout_s: float
+    deadline: float = Field(description="epoch seconds after which the result is useless")
+    reply_to: str = Field(description="Redis list the awaiting orchestrator reads")
+    max_deliveries: int = 3
+
+
+class CallOutcome(BaseModel):
+    """A finished call as pushed back to the orchestrator and kept in the ledger."""
+
+    call_id: str
+    job_id: str
+    turn: int = 0
+    for_llm: str
+    for_user: str = ""
+    is_error: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    queue: str = ""
+    worker: str = ""
+    attempts: int = 1
+    started_at: float = 0.0
+    finished_at: float = Field(default_factory=time.time)
+
+
+JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "max_iterations"]
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "max_iterations"})
+
+
+class JobSpec(BaseModel):
+    """Everything needed to run a job; stored in PostgreSQL, referenced by id on the queue."""
+
+    prompt: str
+    model: str = "scripted"
+    script: dict[str, Any] | None = None
+    workspace: str
+    allow: list[str] = Field(default_factory=list)
+    max_iterations: int = 20
+    system: str = ""
+
+
+class ToolCallRecord(BaseModel):
+    id: str
+    name: str
+    input: dict[str, Any]
+    is_error: bool
+    output: str
+    queue: str = ""
+    worker: str = ""
+
+
+class JobResult(BaseModel):
+    job_id: str
+    status: str
+    final_text: str = ""
+    error: str = ""
+    iterations: int = 0
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+
+
+EventType = Literal[
+    "job_queued",
+    "job_started",
+    "turn_started",
+    "model_text",
+    "tool_call_queued",
+    "tool_call_finished",
+    "job_finished",
+]
+
+
+class Event(BaseModel):
+    """One entry of a job's event stream; `id` is the Redis stream id (resume point)."""
+
+    id: str = ""
+    type: EventType
+    job_id: str
+    at: float = Field(default_factory=time.time)
+    data: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,71 @@
+"""Heartbeats: each live process keeps a short-lived key, so death is seen in seconds.
+
+Celery's own answer to a dead consumer is the visibility timeout (an hour by default);
+agent work needs to know within seconds, so every executing process and orchestrator
+refreshes `clawq:proc:<id>` and anyone can check whether an owner is still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from typing import Any
+
+import redis
+
+from broker import keys
+
+
+def process_id(kind: str) -> str:
+    """Host and pid identify the process that ran something (reported to users)."""
+    return f"{kind}@{socket.gethostname()}:{os.getpid()}"
+
+
+class Heartbeat:
+    """A daemon thread that keeps this process's presence key alive."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        proc_id: str,
+        info: dict[str, Any],
+        interval_s: float,
+        ttl_s: float,
+    ) -> None:
+        self.client = client
+        self.proc_id = proc_id
+        self.info = {**info, "host": socket.gethostname(), "pid": os.getpid(), "id": proc_id}
+        self.interval_s = interval_s
+        self.ttl_ms = int(ttl_s * 1000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="clawq-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def beat(self) -> None:
+        self.client.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.client.delete(keys.proc(self.proc_id))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except redis.RedisError:
+                continue  # a blip: the next beat retries before the key expires
+
+
+def live_processes(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every process whose heartbeat is current."""
+    found: list[dict[str, Any]] = []
+    for key in client.scan_iter(match=keys.PROC_PATTERN, count=500):
+        raw = client.get(key)
+        if raw:
+            found.append(json.loads(raw))
+    return found

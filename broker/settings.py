@@ -1,0 +1,58 @@
+"""One typed settings object, built at the edge (CLI, client) and passed down.
+
+Nothing reads the environment at import time; every limit is here with the seed's default.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All of clawq's configuration; each field is `CLAWQ_<NAME>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="CLAWQ_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+    # agent loop
+    max_iterations: int = Field(20, ge=1, description="model turns per job before max_iterations")
+    max_parallel_calls: int = Field(10, ge=1, description="concurrency-safe calls run at once")
+    max_jobs_per_orchestrator: int = Field(2000, ge=1)
+
+    # model providers
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: str = ""
+    openai_model: str = "gpt-4o-mini"
+    anthropic_base_url: str = "https://api.anthropic.com"
+    anthropic_api_key: str = ""
+    anthropic_model: str = "claude-sonnet-4-5"
+    anthropic_max_tokens: int = 4096
+    model_timeout_s: float = 120.0
+
+    # tool calls
+    exec_timeout_s: float = Field(60.0, gt=0, description="exec on the host")
+    exec_max_timeout_s: float = Field(600.0, gt=0, description="cap of a per-call timeout")
+    exec_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="per stream")
+    read_max_bytes: int = Field(256 * 1024, ge=1024, description="read_file page size cap")
+    read_default_lines: int = Field(2000, ge=1)
+    search_max_results: int = Field(200, ge=1)
+    list_max_entries: int = Field(1000, ge=1)
+    tool_grace_s: float = Field(5.0, ge=0, description="hard time limit beyond a tool's timeout")
+    max_deliveries: int = Field(3, ge=1, description="times a call may start before it fails")
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_ttl_s: float = Field(4.0, gt=0, description="a process silent this long is dead")
+    ledger_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="hot ledger entries in Redis")
+    events_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="job event streams in Redis")
+    visibility_timeout_s: int = Field(3600, ge=60, description="above the longest hard limit")
+
+    # workers
+    worker_concurrency: int = Field(4, ge=1)
+    worker_pool: str = "prefork"
+
+    @property
+    def redis_db(self) -> int:
+        path = self.redis_url.rsplit("/", 1)[-1]
+        return int(path) if path.isdigit() else 0

@@ -1,0 +1,211 @@
+"""The PostgreSQL store: jobs, sessions, transcripts, the durable tool-call ledger.
+
+`Store` is synchronous (client, CLI); `AsyncStore` serves the orchestrator's event loop.
+Both run the same SQL; migrations are plain numbered SQL files applied under an advisory
+lock, so any number of processes may start at once.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from broker.messages import CallOutcome, JobResult, JobSpec, ToolCallRecord
+
+MIGRATION_LOCK = 7_415_922_001
+
+INSERT_SESSION = "INSERT INTO sessions (id, agent_id, user_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+INSERT_JOB = "INSERT INTO jobs (id, session_id, status, spec) VALUES (%s, %s, 'queued', %s)"
+SELECT_JOB = "SELECT id, session_id, status, spec, final_text, error, iterations FROM jobs WHERE id = %s"
+START_JOB = (
+    "UPDATE jobs SET status = 'running', orchestrator = %s, started_at = coalesce(started_at, now())"
+    " WHERE id = %s AND status IN ('queued', 'running') RETURNING id"
+)
+FINISH_JOB = (
+    "UPDATE jobs SET status = %s, final_text = %s, error = %s, iterations = %s, finished_at = now()"
+    " WHERE id = %s"
+)
+SET_ITERATIONS = "UPDATE jobs SET iterations = %s WHERE id = %s"
+SELECT_MESSAGES = "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s ORDER BY seq"
+INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, seq, job_id, role, content) VALUES (%s, %s, %s, %s, %s)"
+    " ON CONFLICT (session_id, seq) DO NOTHING"
+)
+INSERT_CALL = (
+    "INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status, queue)"
+    " VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s) ON CONFLICT DO NOTHING"
+)
+FINISH_CALL = (
+    "UPDATE tool_calls SET status = 'done', is_error = %s, for_llm = %s, for_user = %s,"
+    " metadata = %s, queue = coalesce(nullif(%s, ''), queue), worker = %s, attempts = %s,"
+    " finished_at = to_timestamp(%s) WHERE job_id = %s AND turn = %s AND call_id = %s"
+)
+SELECT_CALLS = (
+    "SELECT call_id, name, input, is_error, for_llm, queue, worker FROM tool_calls"
+    " WHERE job_id = %s ORDER BY turn, seq"
+)
+
+
+def migrations() -> list[tuple[int, str]]:
+    folder = resources.files("broker") / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
+    return sorted(found)
+
+
+def migrate(conn: psycopg.Connection[Any]) -> None:
+    """Apply every migration not yet applied, once, whoever gets there first."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS clawq_migrations"
+            " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {row[0] for row in conn.execute("SELECT version FROM clawq_migrations")}
+        for version, sql in migrations():
+            if version not in done:
+                conn.execute(sql.encode())
+                conn.execute("INSERT INTO clawq_migrations (version) VALUES (%s)", (version,))
+
+
+def _outcome_params(outcome: CallOutcome) -> tuple[Any, ...]:
+    return (
+        outcome.is_error,
+        outcome.for_llm,
+        outcome.for_user,
+        Jsonb(outcome.metadata),
+        outcome.queue,
+        outcome.worker,
+        outcome.attempts,
+        outcome.finished_at,
+        outcome.job_id,
+        outcome.turn,
+        outcome.call_id,
+    )
+
+
+class Store:
+    """Synchronous access for the client and the CLI."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def migrate(self) -> None:
+        migrate(self.conn)
+
+    def create_job(self, job_id: str, session_id: str, spec: JobSpec, user_id: str = "") -> None:
+        with self.conn.transaction():
+            self.conn.execute(INSERT_SESSION, (session_id, "main", user_id))
+            self.conn.execute(INSERT_JOB, (job_id, session_id, Jsonb(spec.model_dump())))
+
+    def job_status(self, job_id: str) -> str | None:
+        row = self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
+        return row["status"] if row else None
+
+    def job_result(self, job_id: str) -> JobResult | None:
+        row = self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
+        if row is None:
+            return None
+        calls = [
+            ToolCallRecord(
+                id=c["call_id"],
+                name=c["name"],
+                input=c["input"],
+                is_error=c["is_error"],
+                output=c["for_llm"],
+                queue=c["queue"],
+                worker=c["worker"],
+            )
+            for c in self.conn.execute(SELECT_CALLS, (job_id,)).fetchall()
+        ]
+        return JobResult(
+            job_id=job_id,
+            status=row["status"],
+            final_text=row["final_text"],
+            error=row["error"],
+            iterations=row["iterations"],
+            tool_calls=calls,
+        )
+
+
+class AsyncStore:
+    """The orchestrator's pooled, non-blocking access."""
+
+    def __init__(self, url: str, max_size: int = 10) -> None:
+        self.pool = AsyncConnectionPool(
+            url, min_size=1, max_size=max_size, open=False, kwargs={"autocommit": True}
+        )
+
+    async def open(self) -> None:
+        await self.pool.open(wait=True)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def job(self, job_id: str) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(SELECT_JOB, (job_id,))
+            return await cur.fetchone()
+
+    async def start_job(self, job_id: str, orchestrator_id: str) -> bool:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(START_JOB, (orchestrator_id, job_id))
+            return (await cur.fetchone()) is not None
+
+    async def orphan_candidates(self) -> list[str]:
+        """Running jobs; those without a live lease are resumed by whoever sees them."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id FROM jobs WHERE status = 'running' ORDER BY started_at LIMIT 1000"
+            )
+            return [row[0] for row in await cur.fetchall()]
+
+    async def transcript(self, session_id: str) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(SELECT_MESSAGES, (session_id,))
+            return await cur.fetchall()
+
+    async def append_message(
+        self, session_id: str, job_id: str, seq: int, role: str, content: dict[str, Any],
+        turn: int = 0,
+        calls: list[tuple[str, str, dict[str, Any], str]] | None = None,
+        iterations: int | None = None,
+    ) -> None:
+        """One transcript message, the calls it queues, and the turn count, atomically."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(INSERT_MESSAGE, (session_id, seq, job_id, role, Jsonb(content)))
+            for index, (call_id, name, call_input, queue) in enumerate(calls or []):
+                await conn.execute(
+                    INSERT_CALL, (job_id, turn, call_id, index, name, Jsonb(call_input), queue)
+                )
+            if iterations is not None:
+                await conn.execute(SET_ITERATIONS, (iterations, job_id))
+
+    async def record_outcomes(
+        self, session_id: str, job_id: str, seq: int, content: dict[str, Any],
+        outcomes: list[CallOutcome],
+    ) -> None:
+        """The tool-result message and the ledger rows of its calls, atomically."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(INSERT_MESSAGE, (session_id, seq, job_id, "tool", Jsonb(content)))
+            async with conn.cursor() as cur:
+                await cur.executemany(FINISH_CALL, [_outcome_params(o) for o in outcomes])
+
+    async def finish_job(
+        self, job_id: str, status: str, final_text: str, error: str, iterations: int
+    ) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(FINISH_JOB, (status, final_text, error, iterations, job_id))
+

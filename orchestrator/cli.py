@@ -1,0 +1,278 @@
+"""The `clawq` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from broker.messages import Event, Group, JobResult
+from broker.settings import Settings
+
+console = Console(stderr=True)
+URL_VARS = ("CLAWQ_REDIS_URL", "CLAWQ_DATABASE_URL")
+
+
+def settings_from_env() -> Settings:
+    """Settings for a command talking to a cluster: the environment, else a running
+    embedded stack started by `clawq up`, else the local default services."""
+    from broker.embedded import read_state
+
+    if not any(os.environ.get(v) for v in URL_VARS):
+        state = read_state()
+        if state:
+            return Settings(**{k.removeprefix("CLAWQ_").lower(): v for k, v in state.items()})
+    return Settings()
+
+
+def log_option(fn: Any) -> Any:
+    return click.option("--log-level", default="info", show_default=True,
+                        type=click.Choice(["debug", "info", "warning", "error"]))(fn)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@click.group()
+def main() -> None:
+    """clawq: distributed tool execution for AI agents, on Celery."""
+
+
+@main.command()
+@click.option("--group", "group", required=True, type=click.Choice([g.value for g in Group]),
+              help="Tool group whose queue this worker consumes.")
+@click.option("--concurrency", type=int, default=None, help="Executing processes/threads.")
+@click.option("--pool", type=click.Choice(["prefork", "threads", "solo"]), default=None)
+@log_option
+def worker(group: str, concurrency: int | None, pool: str | None, log_level: str) -> None:
+    """Run a Celery worker executing the tools of one group (any number, on any host)."""
+    from broker.celery_app import create_app
+    from workers.registry import default_registry
+    from workers.tasks import register_tool_tasks
+
+    settings = settings_from_env()
+    app = create_app(settings)
+    register_tool_tasks(app, default_registry(), settings, queue=group)
+    argv = [
+        "worker", "-Q", group, "-n", f"{group}.{os.getpid()}@%h",
+        "--without-gossip", "--without-mingle",
+        "-P", pool or settings.worker_pool,
+        "-c", str(concurrency or settings.worker_concurrency),
+        "-l", log_level.upper(),
+    ]
+    app.worker_main(argv)
+
+
+@main.command()
+@log_option
+def orchestrator(log_level: str) -> None:
+    """Run an orchestrator: consumes the `agents` queue and drives agent loops."""
+    from orchestrator.engine import Orchestrator
+
+    setup_logging(log_level)
+    asyncio.run(Orchestrator(settings_from_env()).run())
+
+
+def _groups() -> list[str]:
+    from workers.registry import default_registry
+
+    return [g.value for g in default_registry().groups()]
+
+
+@main.command()
+@click.option("--workers", "workers_per_group", default=1, show_default=True,
+              help="Worker processes per tool group.")
+@log_option
+def up(workers_per_group: int, log_level: str) -> None:
+    """Run a local stack in the foreground: an orchestrator and workers for every group."""
+    from broker.embedded import EmbeddedServices, write_state
+    from orchestrator.stack import Stack
+
+    services = None
+    env: dict[str, str] = {}
+    if not any(os.environ.get(v) for v in URL_VARS):
+        services = EmbeddedServices.start()
+        env = services.env()
+        write_state(services)
+        console.print(f"embedded services: {env}")
+    settings = Settings(**{k.removeprefix("CLAWQ_").lower(): v for k, v in env.items()})
+    stack = Stack(_groups(), workers_per_group, env=env, log_level=log_level)
+    try:
+        stack.start()
+        stack.wait_ready(settings.redis_url)
+        console.print(f"[green]stack up[/]: orchestrator + {workers_per_group} worker(s) for "
+                      f"{', '.join(stack.groups)}. Ctrl-C stops it.")
+        while stack.alive():
+            time.sleep(0.5)
+        console.print("[red]a process of the stack exited[/]")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+        if services:
+            services.stop()
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(as_json: bool) -> None:
+    """List the live orchestrators and workers, per queue."""
+    import redis
+
+    from broker.presence import live_processes
+
+    settings = settings_from_env()
+    client = redis.Redis.from_url(settings.redis_url)
+    live = live_processes(client)
+    report: dict[str, Any] = {
+        "orchestrators": sorted((p for p in live if p.get("kind") == "orchestrator"),
+                                key=lambda p: p["id"]),
+        "queues": {},
+    }
+    for proc in sorted((p for p in live if p.get("kind") == "worker"), key=lambda p: p["id"]):
+        report["queues"].setdefault(proc["queue"], []).append(proc)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    table = Table("kind", "queue", "process", "node")
+    for p in report["orchestrators"]:
+        table.add_row("orchestrator", "agents", p["id"], "")
+    for queue, procs in report["queues"].items():
+        for p in procs:
+            table.add_row("worker", queue, p["id"], p.get("node", ""))
+    Console().print(table)
+
+
+def result_json(result: JobResult) -> dict[str, Any]:
+    return {
+        "job_id": result.job_id,
+        "status": result.status,
+        "final_text": result.final_text,
+        "iterations": result.iterations,
+        "error": result.error,
+        "tool_calls": [c.model_dump() for c in result.tool_calls],
+    }
+
+
+def show_event(event: Event) -> None:
+    d = event.data
+    if event.type == "tool_call_queued":
+        args = escape(json.dumps(d["input"])[:120])
+        console.print(f"[cyan]→ {d['name']}[/] {args} [dim]({d['queue']})[/]")
+    elif event.type == "tool_call_finished":
+        mark = "[red]✗[/]" if d["is_error"] else "[green]✓[/]"
+        first = d["output"].splitlines()[0][:100] if d["output"] else ""
+        console.print(f"{mark} {d['name']} [dim]{d['worker']}[/] {escape(first)}")
+    elif event.type == "model_text":
+        console.print(f"[bold]model:[/] {escape(d['text'])}")
+    elif event.type == "job_finished":
+        error = escape(d.get("error") or "")
+        console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--model", default="scripted", show_default=True,
+              help="scripted, openai[:name] or anthropic[:name]")
+@click.option("--script", "script_file", type=click.Path(exists=True, dir_okay=False),
+              help="JSON script for the scripted model.")
+@click.option("--workspace", type=click.Path(file_okay=False), default=".", show_default=True)
+@click.option("--allow", multiple=True, help="Allow a tool that needs permission (repeatable).")
+@click.option("--max-iterations", type=int, default=None)
+@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def run(prompt: str, model: str, script_file: str | None, workspace: str, allow: tuple[str, ...],
+        max_iterations: int | None, timeout: float, as_json: bool) -> None:
+    """Submit a job to the configured cluster, show its events, print the result."""
+    from orchestrator.client import Client, ClientError
+
+    script = json.loads(Path(script_file).read_text()) if script_file else None
+    with Client(settings_from_env()) as client:
+        try:
+            job = client.submit(prompt, model=model, script=script,
+                                workspace=os.path.abspath(workspace), allow=allow,
+                                max_iterations=max_iterations)
+        except ClientError as exc:
+            raise click.UsageError(str(exc)) from None
+        if not as_json:
+            console.print(f"job {job.id}")
+            for event in job.events():
+                show_event(event)
+        result = job.wait(timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(result_json(result)))
+    else:
+        click.echo(result.final_text or result.error)
+    sys.exit(0 if result.status == "completed" else 1)
+
+
+@main.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a job: no further model turns; it ends `cancelled`."""
+    from orchestrator.client import Client
+
+    with Client(settings_from_env()) as client:
+        client.job(job_id).cancel()
+    console.print(f"cancel requested for {job_id}")
+
+
+@main.command()
+@click.option("--workers", "workers_per_group", default=1, show_default=True)
+def demo(workers_per_group: int) -> None:
+    """Run a bundled scripted job across real worker processes, then shut everything down."""
+    from broker.embedded import EmbeddedServices
+    from orchestrator.client import Client
+    from orchestrator.stack import Stack
+
+    services = None
+    env: dict[str, str] = {}
+    if not any(os.environ.get(v) for v in URL_VARS):
+        console.print("starting embedded Redis and PostgreSQL…")
+        services = EmbeddedServices.start()
+        env = services.env()
+    settings = Settings(**{k.removeprefix("CLAWQ_").lower(): v for k, v in env.items()})
+    script = json.loads((resources.files("orchestrator") / "demo_script.json").read_text())
+    stack = Stack(_groups(), workers_per_group, env=env)
+    ok = False
+    try:
+        stack.start()
+        stack.wait_ready(settings.redis_url)
+        console.print("[green]stack up[/]: orchestrator + workers for " + ", ".join(stack.groups))
+        with tempfile.TemporaryDirectory(prefix="clawq-demo-") as workspace, Client(settings) as client:
+            job = client.submit("tidy the notes", model="scripted", script=script,
+                                workspace=workspace, allow=["exec"])
+            console.print(f"job {job.id} in workspace {workspace}")
+            for event in job.events():
+                show_event(event)
+            result = job.wait(timeout=60)
+            table = Table("call", "tool", "queue", "worker", "ok")
+            for call in result.tool_calls:
+                table.add_row(call.id, call.name, call.queue, call.worker,
+                              "no" if call.is_error else "yes")
+            Console().print(table)
+            click.echo((Path(workspace) / "notes/todo.md").read_text())
+            ok = result.status == "completed" and not any(c.is_error for c in result.tool_calls)
+            click.echo(f"demo {result.status}: {result.final_text}")
+    finally:
+        stack.stop()
+        if services:
+            services.stop()
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

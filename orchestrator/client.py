@@ -1,0 +1,152 @@
+"""The Python client: submit agent jobs, follow their events, wait, cancel.
+
+    from orchestrator.client import Client
+    client = Client()   # CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL from the environment
+    job = client.submit("tidy the notes", model="scripted", script=script,
+                        workspace="/srv/ws", allow=["exec"])
+    for event in job.events():
+        print(event)
+    result = job.wait(timeout=60)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+
+from broker import events, keys
+from broker.celery_app import create_app
+from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobResult, JobSpec
+from broker.settings import Settings
+from broker.store import Store
+from orchestrator.providers.base import ModelError
+from orchestrator.providers.scripted import parse_script
+
+
+class ClientError(Exception):
+    """Bad input to the client; nothing was submitted."""
+
+
+class Job:
+    """A handle on one submitted job."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def events(self, after: str | None = None) -> Iterator[Event]:
+        """Every event after the stream id `after` (None: from the start), until the job ends.
+
+        Resumable: pass the `id` of the last event seen to continue where a reader stopped.
+        """
+        last = after
+        while True:
+            for event in events.read(self.client.redis, self.id, after=last, block_ms=1000):
+                last = event.id
+                yield event
+                if event.type == "job_finished":
+                    return
+            if self.client.store.job_status(self.id) in FINAL_STATUSES and not self._more(last):
+                return
+
+    def _more(self, last: str | None) -> bool:
+        return bool(self.client.redis.xread({keys.events(self.id): last or "0-0"}, count=1))
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Block until the job ends (TimeoutError after `timeout` seconds) and return its result."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last: str | None = None
+        while True:
+            status = self.client.store.job_status(self.id)
+            if status in FINAL_STATUSES:
+                return self.result()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"job {self.id} still {status} after {timeout}s")
+            block = int(min(1.0, remaining if remaining is not None else 1.0) * 1000) or 1
+            for event in events.read(self.client.redis, self.id, after=last, block_ms=block):
+                last = event.id
+                if event.type == "job_finished":
+                    break
+
+    def result(self) -> JobResult:
+        result = self.client.store.job_result(self.id)
+        if result is None:
+            raise ClientError(f"no job {self.id}")
+        return result
+
+    def cancel(self) -> None:
+        """Ask for the job to stop: no further turns; the job ends `cancelled`."""
+        self.client.redis.set(keys.cancel(self.id), "1", ex=self.client.settings.events_ttl_s)
+        self.client.redis.publish(keys.CONTROL_CHANNEL, json.dumps({"cancel": self.id}))
+
+
+class Client:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.redis = redis.Redis.from_url(self.settings.redis_url)
+        self.store = Store(self.settings.database_url)
+        self.store.migrate()
+        self.app = create_app(self.settings)
+
+    def close(self) -> None:
+        self.store.close()
+        self.redis.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(
+        self,
+        prompt: str,
+        *,
+        workspace: str,
+        model: str = "scripted",
+        script: dict[str, Any] | None = None,
+        allow: Iterable[str] = (),
+        max_iterations: int | None = None,
+        system: str = "",
+    ) -> Job:
+        """Store the job and queue its agent run; returns at once."""
+        if not prompt.strip():
+            raise ClientError("prompt is empty")
+        if not os.path.isabs(workspace):
+            raise ClientError(f"workspace must be an absolute path, got '{workspace}'")
+        if model == "scripted":
+            try:
+                parse_script(script)
+            except ModelError as exc:
+                raise ClientError(str(exc)) from None
+        spec = JobSpec(
+            prompt=prompt,
+            model=model,
+            script=script,
+            workspace=workspace,
+            allow=list(allow),
+            max_iterations=max_iterations or self.settings.max_iterations,
+            system=system,
+        )
+        job_id = uuid.uuid4().hex
+        self.store.create_job(job_id, session_id=job_id, spec=spec)
+        events.emit_sync(
+            self.redis, Event(type="job_queued", job_id=job_id), self.settings.events_ttl_s
+        )
+        self.app.send_task(
+            AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
+        )
+        return Job(self, job_id)
+
+    def job(self, job_id: str) -> Job:
+        return Job(self, job_id)

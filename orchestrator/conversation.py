@@ -1,0 +1,36 @@
+"""The provider-neutral conversation: what is stored in the transcript and sent to models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class ToolCall(BaseModel):
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    raw_input: str | None = Field(None, description="arguments that were not a JSON object")
+
+
+class ToolResultBlock(BaseModel):
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+class Message(BaseModel):
+    role: Literal["user", "assistant", "tool"]
+    text: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    results: list[ToolResultBlock] = Field(default_factory=list)
+    job_id: str = ""
+
+    def content(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"role", "job_id"}, exclude_defaults=True)
+
+    @classmethod
+    def from_row(cls, role: str, content: dict[str, Any], job_id: str = "") -> Message:
+        return cls.model_validate({**content, "role": role, "job_id": job_id})

@@ -1,0 +1,124 @@
+"""Sending tool calls to their queues and waking the awaiting loop when outcomes arrive.
+
+One listener per orchestrator process pops outcomes from its reply list (BRPOP: pushed,
+never polled per call) and resolves the waiting futures. A watchdog notices calls whose
+executing process stopped heartbeating and sends them again; the worker-side ledger caps
+deliveries and answers repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from celery import Celery
+
+from broker import keys
+from broker.messages import CallEnvelope, CallOutcome
+from broker.publisher import AsyncPublisher
+from broker.settings import Settings
+from workers.tasks import task_name
+
+log = logging.getLogger("clawq.dispatch")
+
+
+@dataclass
+class Pending:
+    envelope: CallEnvelope
+    queue: str
+    future: asyncio.Future[CallOutcome]
+    resent_for: set[str] = field(default_factory=set)
+
+
+class Dispatcher:
+    def __init__(
+        self, app: Celery, redis: aioredis.Redis, settings: Settings, orchestrator_id: str
+    ) -> None:
+        self.publisher = AsyncPublisher(app, redis)
+        self.redis = redis
+        self.settings = settings
+        self.reply_key = keys.reply(orchestrator_id)
+        self.pending: dict[tuple[str, int, str], Pending] = {}
+
+    async def call(self, envelope: CallEnvelope, queue: str) -> CallOutcome:
+        """Send one call and wait for its outcome."""
+        key = (envelope.job_id, envelope.turn, envelope.call_id)
+        pending = Pending(envelope, queue, asyncio.get_running_loop().create_future())
+        self.pending[key] = pending
+        try:
+            await self._send(pending)
+            return await pending.future
+        finally:
+            self.pending.pop(key, None)
+
+    async def _send(self, pending: Pending) -> None:
+        env = pending.envelope
+        await self.publisher.send(
+            name=task_name(env.tool),
+            queue=pending.queue,
+            kwargs={"envelope": env.model_dump(mode="json")},
+            task_id=f"{env.call_id}.{uuid.uuid4().hex[:8]}",
+            soft_time_limit=env.timeout_s + self.settings.tool_grace_s,
+            time_limit=env.timeout_s + 2 * self.settings.tool_grace_s,
+            root_id=env.job_id,
+            kwargsrepr=f"{{'tool': '{env.tool}', 'call_id': '{env.call_id}', 'job': '{env.job_id}'}}",
+        )
+
+    def _resolve(self, outcome: CallOutcome) -> None:
+        pending = self.pending.get((outcome.job_id, outcome.turn, outcome.call_id))
+        if pending and not pending.future.done():
+            pending.future.set_result(outcome)
+
+    async def listen(self, client: aioredis.Redis) -> None:
+        """Resolve futures as outcomes are pushed; `client` is a connection of its own."""
+        while True:
+            popped = await client.brpop([self.reply_key], timeout=1)
+            if popped is None:
+                continue
+            batch = [popped[1], *(await client.rpop(self.reply_key, 500) or [])]
+            for raw in batch:
+                try:
+                    self._resolve(CallOutcome.model_validate_json(raw))
+                except ValueError:
+                    log.error("unreadable outcome dropped: %r", raw[:200])
+
+    async def watchdog(self) -> None:
+        """Every heartbeat interval: re-send calls whose executing process has died."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            try:
+                await self._sweep()
+            except aioredis.RedisError as exc:
+                log.warning("watchdog sweep failed: %s", exc)
+
+    async def _sweep(self) -> None:
+        items = list(self.pending.values())
+        if not items:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p in items:
+                e = p.envelope
+                pipe.hmget(keys.call(e.job_id, e.turn, e.call_id), ["status", "proc", "outcome"])
+            states = await pipe.execute()
+        running = [
+            (p, owner.decode())
+            for p, (status, owner, _) in zip(items, states, strict=True)
+            if status == b"running" and owner
+        ]
+        for p, (status, _, outcome) in zip(items, states, strict=True):
+            if status == b"done" and outcome:  # recorded, but the push was lost
+                self._resolve(CallOutcome.model_validate_json(outcome))
+        if not running:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, owner in running:
+                pipe.exists(keys.proc(owner))
+            alive = await pipe.execute()
+        for (p, owner), live in zip(running, alive, strict=True):
+            if not live and owner not in p.resent_for and not p.future.done():
+                p.resent_for.add(owner)
+                log.warning("call %s: %s died; sending it again", p.envelope.call_id, owner)
+                await self._send(p)

@@ -1,0 +1,208 @@
+"""The orchestrator process: takes agent runs off the `agents` queue and drives them all
+on one asyncio event loop.
+
+kombu is synchronous, so one thread consumes the `agents` queue and hands each run to the
+loop; everything else (model streams, tool dispatch, outcomes, PostgreSQL) is asyncio.
+Each running job holds a lease in Redis, refreshed by this process's heartbeat: a job whose
+orchestrator died loses its lease within seconds and is resumed by another orchestrator
+from its transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+import httpx
+import kombu
+import kombu.exceptions
+import redis.asyncio as aioredis
+from celery import Celery
+
+from broker import keys
+from broker.celery_app import create_app
+from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, JobSpec
+from broker.presence import process_id
+from broker.settings import Settings
+from broker.store import AsyncStore
+from orchestrator.dispatch import Dispatcher
+from orchestrator.loop import JobRun, Services
+from workers.registry import Registry, default_registry
+
+log = logging.getLogger("clawq.orchestrator")
+
+RECOVERY_INTERVAL_S = 5.0
+
+
+class Orchestrator:
+    def __init__(self, settings: Settings, registry: Registry | None = None) -> None:
+        self.settings = settings
+        self.registry = registry or default_registry()
+        self.app: Celery = create_app(settings)
+        self.id = process_id("orchestrator")
+        self.jobs: dict[str, asyncio.Task[None]] = {}
+        self.cancelling: set[str] = set()
+        self.slots = asyncio.Semaphore(settings.max_jobs_per_orchestrator)
+        self._stop_consuming = threading.Event()
+        self._lease_ms = int(settings.heartbeat_ttl_s * 1000)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+        self.redis = aioredis.Redis.from_url(self.settings.redis_url)
+        listen_redis = aioredis.Redis.from_url(self.settings.redis_url)
+        self.store = AsyncStore(self.settings.database_url)
+        await self.store.open()
+        http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
+        self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
+        self.services = Services(
+            self.settings, self.store, self.redis, self.dispatcher, self.registry, http
+        )
+        background = [
+            asyncio.create_task(self.dispatcher.listen(listen_redis)),
+            asyncio.create_task(self.dispatcher.watchdog()),
+            asyncio.create_task(self.heartbeat()),
+            asyncio.create_task(self.control()),
+            asyncio.create_task(self.recover()),
+        ]
+        consumer = threading.Thread(target=self.consume, args=(loop,), daemon=True)
+        consumer.start()
+        log.info("orchestrator %s ready", self.id)
+        try:
+            await stop.wait()
+        finally:
+            self._stop_consuming.set()
+            await asyncio.to_thread(consumer.join, 5)
+            for task in list(self.jobs.values()):
+                task.cancel()
+            await asyncio.gather(*self.jobs.values(), return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self.redis.delete(keys.proc(self.id))
+            await http.aclose()
+            await self.store.close()
+            await self.redis.aclose()
+            await listen_redis.aclose()
+
+    # -- the agents queue ---------------------------------------------------------------
+
+    def consume(self, loop: asyncio.AbstractEventLoop) -> None:
+        """kombu consumer thread: accept each agent run on the loop, then ack it."""
+        queue = kombu.Queue(AGENTS_QUEUE, routing_key=AGENTS_QUEUE)
+
+        def on_message(body: Any, message: kombu.Message) -> None:
+            kwargs = body[1] if isinstance(body, list) and len(body) > 1 else {}
+            job_id = kwargs.get("job_id")
+            if message.headers.get("task") != AGENT_RUN_TASK or not job_id:
+                log.error("dropping a message that is not an agent run: %r", message.headers)
+                message.ack()
+                return
+            future = asyncio.run_coroutine_threadsafe(self.accept(job_id), loop)
+            try:
+                future.result()
+            except Exception:
+                log.exception("could not accept job %s; it will be redelivered", job_id)
+                message.requeue()
+                return
+            message.ack()
+
+        while not self._stop_consuming.is_set():
+            try:
+                with self.app.connection_for_read() as conn, conn.Consumer(
+                    [queue], accept=["json"], callbacks=[on_message], prefetch_count=100
+                ):
+                    while not self._stop_consuming.is_set():
+                        with contextlib.suppress(TimeoutError, socket.timeout):
+                            conn.drain_events(timeout=0.5)
+            except (kombu.exceptions.OperationalError, OSError) as exc:
+                log.warning("agents queue connection lost (%s); reconnecting", exc)
+                self._stop_consuming.wait(1.0)
+
+    async def accept(self, job_id: str) -> None:
+        """Claim the job's lease and start (or resume) it; a job leased elsewhere is left."""
+        if job_id in self.jobs:
+            return
+        row = await self.store.job(job_id)
+        if row is None:
+            log.error("agent run for unknown job %s dropped", job_id)
+            return
+        if row["status"] in FINAL_STATUSES:
+            return
+        claimed = await self.redis.set(keys.lease(job_id), self.id, nx=True, px=self._lease_ms)
+        if not claimed and (await self.redis.get(keys.lease(job_id))) != self.id.encode():
+            return
+        await self.slots.acquire()
+        if not await self.store.start_job(job_id, self.id):
+            self.slots.release()
+            return
+        spec = JobSpec.model_validate(row["spec"])
+        run = JobRun(self.services, job_id, row["session_id"], spec)
+        self.jobs[job_id] = asyncio.create_task(self._drive(run), name=f"job-{job_id}")
+
+    async def _drive(self, run: JobRun) -> None:
+        try:
+            await run.run()
+        except asyncio.CancelledError:
+            if run.job_id in self.cancelling:
+                await run.finish("cancelled", "", "cancelled by request")
+            else:  # shutting down: leave the job to another orchestrator
+                await self.redis.delete(keys.lease(run.job_id))
+                raise
+        except Exception as exc:
+            log.exception("job %s crashed", run.job_id)
+            await run.finish("failed", "", f"orchestrator error: {type(exc).__name__}: {exc}")
+        finally:
+            self.jobs.pop(run.job_id, None)
+            self.cancelling.discard(run.job_id)
+            self.slots.release()
+            await self.redis.delete(keys.lease(run.job_id))
+
+    # -- background duties --------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Presence of this process and the leases of its jobs, refreshed together."""
+        info = json.dumps({"kind": "orchestrator", "id": self.id, "host": socket.gethostname(),
+                           "pid": os.getpid(), "queue": AGENTS_QUEUE})
+        while True:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(keys.proc(self.id), info, px=self._lease_ms)
+                for job_id in self.jobs:
+                    pipe.pexpire(keys.lease(job_id), self._lease_ms)
+                await pipe.execute()
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    async def control(self) -> None:
+        """Cancel requests, pushed on the control channel."""
+        pubsub = self.redis.pubsub()
+        await pubsub.subscribe(keys.CONTROL_CHANNEL)
+        async for message in pubsub.listen():
+            if message.get("type") != "message":
+                continue
+            command = json.loads(message["data"])
+            job_id = command.get("cancel")
+            if job_id in self.jobs:
+                self.cancelling.add(job_id)
+                self.jobs[job_id].cancel()
+
+    async def recover(self) -> None:
+        """Resume running jobs whose orchestrator stopped holding their lease."""
+        while True:
+            await asyncio.sleep(RECOVERY_INTERVAL_S)
+            try:
+                for job_id in await self.store.orphan_candidates():
+                    if job_id not in self.jobs and not await self.redis.exists(keys.lease(job_id)):
+                        log.warning("resuming job %s: its orchestrator is gone", job_id)
+                        await self.accept(job_id)
+            except Exception:
+                log.exception("recovery sweep failed")

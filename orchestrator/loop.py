@@ -1,0 +1,236 @@
+"""The agent loop of one job: model turn, tool calls through the queues, repeat.
+
+Every message is persisted before the next step, so a job can be resumed from its
+transcript; tool calls are keyed by job, turn and call id so a resumed turn is answered
+from the ledger instead of running its calls again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+
+from broker import events, keys
+from broker.messages import CallContext, CallEnvelope, CallOutcome, Event, JobSpec
+from broker.settings import Settings
+from broker.store import AsyncStore
+from orchestrator import permissions
+from orchestrator.conversation import Message, ToolCall, ToolResultBlock
+from orchestrator.dispatch import Dispatcher
+from orchestrator.providers import ModelError, ModelRequest, provider_for
+from orchestrator.scheduler import partition
+from workers.registry import Registry
+from workers.tool import Tool, ToolInput, ToolResult
+
+log = logging.getLogger("clawq.loop")
+EVENT_OUTPUT_CHARS = 2000
+
+
+@dataclass
+class Services:
+    """What every job of one orchestrator process shares."""
+
+    settings: Settings
+    store: AsyncStore
+    redis: aioredis.Redis
+    dispatcher: Dispatcher
+    registry: Registry
+    http: httpx.AsyncClient
+
+
+@dataclass
+class Ready:
+    """A call that passed the orchestrator's checks and goes to a queue."""
+
+    call: ToolCall
+    tool: Tool[Any]
+    args: ToolInput
+
+
+class JobCancelled(Exception):
+    pass
+
+
+class JobRun:
+    def __init__(self, services: Services, job_id: str, session_id: str, spec: JobSpec) -> None:
+        self.s = services
+        self.job_id = job_id
+        self.session_id = session_id
+        self.spec = spec
+        self.messages: list[Message] = []
+        self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
+
+    async def emit(self, type_: str, **data: Any) -> None:
+        event = Event(type=type_, job_id=self.job_id, data=data)  # type: ignore[arg-type]
+        await events.emit(self.s.redis, event, self.s.settings.events_ttl_s)
+
+    @property
+    def turns(self) -> int:
+        return sum(1 for m in self.messages if m.role == "assistant" and m.job_id == self.job_id)
+
+    async def run(self) -> None:
+        """Run (or resume) the job to a final status, persisting each step."""
+        rows = await self.s.store.transcript(self.session_id)
+        self.messages = [Message.from_row(r["role"], r["content"], r.get("job_id", "")) for r in rows]
+        resumed = any(m.job_id == self.job_id for m in self.messages)
+        await self.emit("job_started", resumed=resumed)
+        if not resumed:
+            await self.append(Message(role="user", text=self.spec.prompt, job_id=self.job_id))
+        try:
+            status, text, error = await self.loop()
+        except ModelError as exc:
+            status, text, error = "failed", "", str(exc)
+        except JobCancelled:
+            status, text, error = "cancelled", "", "cancelled by request"
+        await self.finish(status, text, error)
+
+    async def loop(self) -> tuple[str, str, str]:
+        provider = provider_for(self.spec.model, self.spec.script, self.s.settings, self.s.http)
+        last = self.messages[-1]
+        if last.role == "assistant" and last.tool_calls:  # resumed mid-turn
+            await self.run_calls(self.turns - 1, last.tool_calls)
+        elif last.role == "assistant":
+            return "completed", last.text, ""
+        while True:
+            if self.turns >= self.spec.max_iterations:
+                return "max_iterations", "", f"stopped after {self.turns} model turns"
+            await self.check_cancelled()
+            turn = self.turns
+            await self.emit("turn_started", turn=turn + 1)
+            request = ModelRequest(
+                system=self.spec.system,
+                messages=self.messages,
+                openai_tools=self.s.registry.openai_tools(),
+                anthropic_tools=self.s.registry.anthropic_tools(),
+                turn=turn,
+            )
+            reply = await provider.complete(request)
+            reply.job_id = self.job_id
+            if reply.text:
+                await self.emit("model_text", turn=turn + 1, text=reply.text)
+            await self.append(reply, turn=turn)
+            if not reply.tool_calls:
+                return "completed", reply.text, ""
+            await self.check_cancelled()
+            await self.run_calls(turn, reply.tool_calls)
+
+    async def check_cancelled(self) -> None:
+        if await self.s.redis.exists(keys.cancel(self.job_id)):
+            raise JobCancelled
+
+    async def append(self, message: Message, turn: int = 0) -> None:
+        calls = [
+            (c.id, c.name, c.input, self._queue_of(c.name)) for c in message.tool_calls
+        ]
+        await self.s.store.append_message(
+            self.session_id, self.job_id, len(self.messages), message.role, message.content(),
+            turn=turn, calls=calls,
+            iterations=self.turns + 1 if message.role == "assistant" else None,
+        )
+        self.messages.append(message)
+
+    def _queue_of(self, name: str) -> str:
+        tool = self.s.registry.get(name)
+        return tool.group.value if tool else ""
+
+    async def run_calls(self, turn: int, calls: list[ToolCall]) -> None:
+        """Check, schedule and await a turn's calls; record their results in model order."""
+        outcomes: dict[int, CallOutcome] = {}
+        ready: list[tuple[int, Ready]] = []
+        seen: set[str] = set()
+        for index, call in enumerate(calls):
+            checked = self.check(call, seen)
+            seen.add(call.id)
+            if isinstance(checked, ToolResult):
+                outcomes[index] = self.local_outcome(turn, call, checked)
+                await self.emit_finished(call, outcomes[index])
+            else:
+                ready.append((index, checked))
+        for batch in partition(ready, lambda item: item[1].tool.concurrency_safe(item[1].args)):
+            results = await asyncio.gather(*(self.dispatch(turn, r) for _, r in batch))
+            for (index, _), outcome in zip(batch, results, strict=True):
+                outcomes[index] = outcome
+        ordered = [outcomes[i] for i in range(len(calls))]
+        message = Message(
+            role="tool",
+            job_id=self.job_id,
+            results=[
+                ToolResultBlock(call_id=c.id, name=c.name, content=o.for_llm, is_error=o.is_error)
+                for c, o in zip(calls, ordered, strict=True)
+            ],
+        )
+        await self.s.store.record_outcomes(
+            self.session_id, self.job_id, len(self.messages), message.content(), ordered
+        )
+        self.messages.append(message)
+
+    def check(self, call: ToolCall, seen: set[str]) -> Ready | ToolResult:
+        """Extraction, validation and permission: failures become results; no code runs."""
+        if call.id in seen:
+            return ToolResult.error(f"duplicate tool call id '{call.id}' in one turn")
+        if call.raw_input is not None:
+            return ToolResult.error(f"arguments of {call.name} are not a JSON object")
+        parsed = self.s.registry.parse(call.name, call.input)
+        if isinstance(parsed, ToolResult):
+            return parsed
+        tool, args = parsed
+        reason = permissions.denial(tool, self.spec.allow)
+        if reason:
+            return ToolResult.error(reason)
+        return Ready(call, tool, args)
+
+    def local_outcome(self, turn: int, call: ToolCall, result: ToolResult) -> CallOutcome:
+        return CallOutcome(
+            call_id=call.id, job_id=self.job_id, turn=turn, for_llm=result.for_llm,
+            for_user=result.for_user, is_error=result.is_error, metadata=result.metadata,
+            worker="orchestrator", attempts=0,
+        )
+
+    async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
+        async with self.parallel:
+            timeout = ready.tool.timeout(ready.args, self.s.settings)
+            queue = ready.tool.group.value
+            envelope = CallEnvelope(
+                call_id=ready.call.id,
+                job_id=self.job_id,
+                turn=turn,
+                session_id=self.session_id,
+                tool=ready.tool.name,
+                input=ready.args.model_dump(mode="json", exclude_unset=True),
+                context=CallContext(
+                    workspace=self.spec.workspace,
+                    sandbox_key=self.session_id,
+                    writable_paths=permissions.writable_paths(self.spec.allow),
+                ),
+                timeout_s=timeout,
+                deadline=time.time() + self.s.settings.visibility_timeout_s,
+                reply_to=self.s.dispatcher.reply_key,
+                max_deliveries=self.s.settings.max_deliveries,
+            )
+            await self.emit(
+                "tool_call_queued", call_id=ready.call.id, name=ready.tool.name,
+                input=envelope.input, queue=queue,
+            )
+            outcome = await self.s.dispatcher.call(envelope, queue)
+            await self.emit_finished(ready.call, outcome)
+            return outcome
+
+    async def emit_finished(self, call: ToolCall, outcome: CallOutcome) -> None:
+        await self.emit(
+            "tool_call_finished", call_id=call.id, name=call.name, is_error=outcome.is_error,
+            output=outcome.for_llm[:EVENT_OUTPUT_CHARS], queue=outcome.queue,
+            worker=outcome.worker,
+        )
+
+    async def finish(self, status: str, text: str, error: str) -> None:
+        await self.s.store.finish_job(self.job_id, status, text, error, self.turns)
+        await self.emit(
+            "job_finished", status=status, final_text=text, error=error, iterations=self.turns
+        )
+        log.info("job %s %s after %d turns", self.job_id, status, self.turns)

@@ -1,0 +1,54 @@
+"""The scripted model: replays a JSON script of turns (the demo's and the tests' model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from orchestrator.conversation import Message, ToolCall
+from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
+
+
+class ScriptedCall(BaseModel):
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptedTurn(BaseModel):
+    text: str = ""
+    tool_calls: list[ScriptedCall] = Field(default_factory=list)
+
+
+class Script(BaseModel):
+    """`{"turns": [{"text": "...", "tool_calls": [{"id", "name", "input"}]}, {"text": "done"}]}`"""
+
+    turns: list[ScriptedTurn] = Field(min_length=1)
+
+
+def parse_script(raw: Any) -> Script:
+    try:
+        return Script.model_validate(raw)
+    except ValidationError as exc:
+        raise ModelError(f"invalid script: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+
+
+class ScriptedProvider:
+    def __init__(self, script: dict[str, Any] | None) -> None:
+        if script is None:
+            raise ModelError("the scripted model needs a script")
+        self.script = parse_script(script)
+
+    async def complete(self, request: ModelRequest, on_tool_call: OnToolCall | None = None) -> Message:
+        if request.turn >= len(self.script.turns):
+            raise ModelError(
+                f"the script has {len(self.script.turns)} turns and turn {request.turn + 1} was "
+                "asked for: end the script with a turn without tool calls"
+            )
+        turn = self.script.turns[request.turn]
+        calls = [ToolCall(id=c.id, name=c.name, input=c.input) for c in turn.tool_calls]
+        if on_tool_call:
+            for call in calls:
+                await on_tool_call(call)
+        return Message(role="assistant", text=turn.text, tool_calls=calls)

@@ -1,0 +1,1 @@
+"""The tool contract and registry, worker-side execution of a call, tools by group."""

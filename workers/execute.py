@@ -1,0 +1,134 @@
+"""Worker-side execution of one call: re-check, run once, record, push back.
+
+The queue is a trust boundary: the worker validates the input again and the tool enforces
+its own intrinsic rules (containment, limits). The ledger makes a redelivered call harmless:
+a call whose outcome is recorded is answered from the ledger, never run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import redis
+
+from broker.ledger import Ledger
+from broker.messages import CallEnvelope, CallOutcome
+from broker.presence import Heartbeat, process_id
+from broker.settings import Settings
+from workers.registry import Registry
+from workers.tool import ToolContext, ToolError, ToolResult
+
+log = logging.getLogger("clawq.worker")
+
+
+@dataclass
+class WorkerRuntime:
+    """What one executing process holds: its identity, Redis, ledger, heartbeat."""
+
+    settings: Settings
+    registry: Registry
+    queue: str
+    proc_id: str
+    redis: redis.Redis
+    ledger: Ledger
+    heartbeat: Heartbeat
+
+    @classmethod
+    def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
+        client = redis.Redis.from_url(settings.redis_url)
+        proc_id = process_id("worker")
+        heartbeat = Heartbeat(
+            client,
+            proc_id,
+            {"kind": "worker", "queue": queue, "node": node},
+            settings.heartbeat_interval_s,
+            settings.heartbeat_ttl_s,
+        )
+        heartbeat.start()
+        return cls(settings, registry, queue, proc_id, client, Ledger(client, settings.ledger_ttl_s), heartbeat)
+
+    def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
+        """Execute (or answer from the ledger) and push the outcome; None if skipped."""
+        begun = self.ledger.begin(
+            envelope.job_id,
+            envelope.turn,
+            envelope.call_id,
+            self.proc_id,
+            envelope.max_deliveries,
+            time.time(),
+        )
+        if begun.verdict == "done":
+            self.redis.lpush(envelope.reply_to, begun.detail)  # a lost reply is re-sent
+            return None
+        if begun.verdict == "busy":
+            log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)
+            return None
+        started = time.time()
+        if begun.verdict == "exhausted":
+            result = ToolResult.error(
+                f"{envelope.tool} was abandoned: the process running it died {begun.detail} "
+                "times. Do not retry it unchanged."
+            )
+            attempts = int(begun.detail)
+        else:
+            attempts = int(begun.detail)
+            result = self.execute(envelope)
+        outcome = CallOutcome(
+            call_id=envelope.call_id,
+            job_id=envelope.job_id,
+            turn=envelope.turn,
+            for_llm=result.for_llm,
+            for_user=result.for_user,
+            is_error=result.is_error,
+            metadata=result.metadata,
+            queue=self.queue,
+            worker=self.proc_id,
+            attempts=attempts,
+            started_at=started,
+        )
+        self.ledger.finish(
+            envelope.job_id,
+            envelope.turn,
+            envelope.call_id,
+            envelope.reply_to,
+            outcome.model_dump_json(),
+        )
+        return outcome
+
+    def execute(self, envelope: CallEnvelope) -> ToolResult:
+        parsed = self.registry.parse(envelope.tool, envelope.input)
+        if isinstance(parsed, ToolResult):
+            return parsed
+        tool, args = parsed
+        if time.time() > envelope.deadline:
+            return ToolResult.error(f"{envelope.tool} expired in the queue before a worker took it")
+        ctx = ToolContext(
+            context=envelope.context,
+            settings=self.settings,
+            job_id=envelope.job_id,
+            call_id=envelope.call_id,
+        )
+        try:
+            return tool.run(args, ctx)
+        except ToolError as exc:
+            return ToolResult.error(str(exc))
+        except Exception as exc:  # a tool bug or a time limit: the model still gets an answer
+            log.exception("tool %s failed", envelope.tool)
+            return ToolResult.error(f"{envelope.tool} failed: {type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        self.heartbeat.stop()
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def runtime_for_process(settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
+    """This process's runtime, created once after fork (never inherited from a parent)."""
+    global _runtime
+    if _runtime is None or _runtime.heartbeat.info["pid"] != os.getpid():
+        _runtime = WorkerRuntime.start(settings, registry, queue, node)
+    return _runtime

@@ -1,0 +1,117 @@
+"""Workspace containment: every path a tool touches resolves inside the job's workspace.
+
+Lexical checks (`..`, absolute paths) are not enough: a symlink in any component, or a hard
+link to a file elsewhere, escapes as surely. Paths are resolved with every symlink followed
+and compared with the real workspace root; files are then opened without following a final
+symlink, and the opened descriptor is checked again through /proc/self/fd, which closes the
+window between the check and the open.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+from pathlib import Path
+
+from workers.tool import ToolError
+
+PROTECTED_DIRS = frozenset({".git"})
+
+
+class Workspace:
+    """The root a job's tools may touch, and the protected paths it may write."""
+
+    def __init__(self, root: str, writable: list[str] | None = None) -> None:
+        if not root or not os.path.isabs(root):
+            raise ToolError(f"workspace must be an absolute path, got '{root}'")
+        real = os.path.realpath(root)
+        if not os.path.isdir(real):
+            raise ToolError(f"workspace '{root}' does not exist or is not a directory")
+        self.root = real
+        self.writable = writable or []
+
+    def relative(self, real: str) -> str:
+        rel = os.path.relpath(real, self.root)
+        return "." if rel == "." else rel
+
+    def contains(self, real: str) -> bool:
+        return real == self.root or real.startswith(self.root + os.sep)
+
+    def resolve(self, path: str, *, write: bool = False) -> str:
+        """The real absolute path of `path`, or ToolError saying how it escapes."""
+        if not path or "\x00" in path:
+            raise ToolError("path is empty or contains a NUL byte")
+        candidate = path if os.path.isabs(path) else os.path.join(self.root, path)
+        lexical = os.path.normpath(candidate)
+        if not self.contains(lexical):
+            raise ToolError(
+                f"'{path}' is outside the workspace {self.root}; use a path inside it"
+            )
+        real = os.path.realpath(candidate)
+        if not self.contains(real):
+            raise ToolError(
+                f"'{path}' goes through a symlink that points outside the workspace; "
+                "use a path inside it"
+            )
+        if write:
+            self._check_writable(path, real)
+        self._check_links(path, real)
+        return real
+
+    def _check_writable(self, path: str, real: str) -> None:
+        rel = self.relative(real)
+        parts = Path(rel).parts
+        if any(part in PROTECTED_DIRS for part in parts) and not any(
+            fnmatch.fnmatch(rel, pattern) for pattern in self.writable
+        ):
+            raise ToolError(f"'{path}' is inside a protected directory (.git/) and is read-only")
+
+    def _check_links(self, path: str, real: str) -> None:
+        try:
+            st = os.lstat(real)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            raise ToolError(
+                f"'{path}' has {st.st_nlink} hard links and may alias a file outside the "
+                "workspace; refusing to touch it"
+            )
+
+    def open(self, path: str, flags: int, mode: int = 0o644, *, write: bool = False) -> int:
+        """A descriptor for `path`, verified to be the contained file after opening."""
+        real = self.resolve(path, write=write)
+        try:
+            fd = os.open(real, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        except IsADirectoryError:
+            raise ToolError(f"'{path}' is a directory") from None
+        except FileNotFoundError:
+            raise ToolError(f"'{path}' does not exist") from None
+        except OSError as exc:
+            raise ToolError(f"cannot open '{path}': {exc.strerror}") from None
+        try:
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+            st = os.fstat(fd)
+            if not self.contains(opened):
+                raise ToolError(f"'{path}' changed to point outside the workspace; refusing")
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                raise ToolError(f"'{path}' has {st.st_nlink} hard links; refusing to touch it")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def make_parents(self, path: str) -> None:
+        """Create the missing parent directories of `path`, each checked for containment."""
+        real = self.resolve(path, write=True)
+        parent = os.path.dirname(real)
+        missing = []
+        while not os.path.exists(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        if not self.contains(os.path.realpath(parent)):
+            raise ToolError(f"'{path}' would be created outside the workspace")
+        for directory in reversed(missing):
+            os.mkdir(directory)
+            if not self.contains(os.path.realpath(directory)):
+                raise ToolError(f"'{path}' would be created outside the workspace")

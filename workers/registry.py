@@ -1,0 +1,120 @@
+"""The registry: declared tools by name, validation of calls, provider tool definitions."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from broker.messages import Group
+from workers.tool import Tool, ToolInput, ToolResult
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class DeclarationError(Exception):
+    """A tool declaration is wrong; every problem found is listed at once."""
+
+
+def _problems(tool: type[Tool[Any]]) -> list[str]:
+    found = []
+    name = getattr(tool, "name", None)
+    label = name or tool.__name__
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        found.append(f"{label}: name must match {NAME_RE.pattern}")
+    if not getattr(tool, "description", "").strip():
+        found.append(f"{label}: description is empty")
+    if not isinstance(getattr(tool, "group", None), Group):
+        found.append(f"{label}: group must be one of {[g.value for g in Group]}")
+    model = getattr(tool, "input_model", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        found.append(f"{label}: input_model must be a pydantic model")
+    if tool.default_permission not in ("allow", "ask", "deny"):
+        found.append(f"{label}: default_permission must be allow, ask or deny")
+    if tool.timeout_s <= 0:
+        found.append(f"{label}: timeout_s must be positive")
+    return found
+
+
+def _error_summary(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "input"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class Registry:
+    """Tools by name. Built once per process; read-only afterwards."""
+
+    def __init__(self, tools: Iterable[type[Tool[Any]]] = ()) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        self.register(*tools)
+
+    def register(self, *tools: type[Tool[Any]]) -> None:
+        problems = [p for tool in tools for p in _problems(tool)]
+        names = [t.name for t in tools] + list(self._tools)
+        problems += [f"{n}: registered twice" for n in sorted({n for n in names if names.count(n) > 1})]
+        if problems:
+            raise DeclarationError("invalid tool declarations:\n  " + "\n  ".join(problems))
+        for tool in tools:
+            self._tools[tool.name] = tool()
+
+    def __iter__(self) -> Iterator[Tool[Any]]:
+        return iter(self._tools.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def get(self, name: str) -> Tool[Any] | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def groups(self) -> list[Group]:
+        return sorted({tool.group for tool in self}, key=list(Group).index)
+
+    def parse(self, name: str, raw: Any) -> tuple[Tool[Any], ToolInput] | ToolResult:
+        """The tool and its validated input, or an error result; no tool code runs here."""
+        tool = self.get(name)
+        if tool is None:
+            return ToolResult.error(
+                f"Unknown tool '{name}'. Available tools: {', '.join(self.names())}."
+            )
+        try:
+            return tool, tool.input_model.model_validate(raw)
+        except ValidationError as exc:
+            return ToolResult.error(f"Invalid input for {name}: {_error_summary(exc)}")
+
+    def openai_tools(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.json_schema(),
+                },
+            }
+            for tool in self._select(names)
+        ]
+
+    def anthropic_tools(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        return [
+            {"name": tool.name, "description": tool.description, "input_schema": tool.json_schema()}
+            for tool in self._select(names)
+        ]
+
+    def _select(self, names: Iterable[str] | None) -> list[Tool[Any]]:
+        chosen = self.names() if names is None else sorted(set(names) & set(self._tools))
+        return [self._tools[n] for n in chosen]
+
+
+def default_registry() -> Registry:
+    """Every native tool; declarations are cheap to import (implementations import lazily)."""
+    from workers.tools import fs, runtime
+
+    return Registry([*fs.TOOLS, *runtime.TOOLS])

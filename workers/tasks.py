@@ -1,0 +1,56 @@
+"""Celery tasks, one per registered tool, routed to the queue of the tool's group.
+
+Routing is derived from the declarations: a tool's group is its queue. The task body is
+the same for every tool; what differs is its name (readable in Flower) and its limits.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from celery import Celery, signals
+
+from broker.messages import CallEnvelope
+from broker.settings import Settings
+from workers.execute import WorkerRuntime, runtime_for_process
+from workers.registry import Registry
+
+TASK_PREFIX = "clawq.tool."
+
+
+def task_name(tool: str) -> str:
+    return TASK_PREFIX + tool
+
+
+def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, queue: str) -> None:
+    """Define `clawq.tool.<name>` for every tool, and start this process's runtime early."""
+    node = socket.gethostname()
+
+    def runtime() -> WorkerRuntime:
+        return runtime_for_process(settings, registry, queue, node)
+
+    for tool in registry:
+        limit = tool.timeout_s + settings.tool_grace_s
+
+        def run(envelope: dict[str, Any]) -> None:
+            runtime().run_call(CallEnvelope.model_validate(envelope))
+
+        app.task(
+            run,
+            name=task_name(tool.name),
+            queue=tool.group.value,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=limit,
+            time_limit=limit + settings.tool_grace_s,
+            ignore_result=True,
+        )
+
+    # prefork children start their heartbeat at fork; solo/threads pools in the main process
+    signals.worker_process_init.connect(lambda **_: runtime(), weak=False)
+    signals.worker_ready.connect(
+        lambda sender=None, **_: runtime() if app.conf.worker_pool != "prefork" else None,
+        weak=False,
+    )
+    signals.worker_process_shutdown.connect(lambda **_: runtime().stop(), weak=False)

@@ -1,0 +1,88 @@
+"""The tool contract: what every tool declares, what every call returns.
+
+A tool is a class whose attributes are its whole declaration; the JSON schema shown to
+models is derived from its pydantic input model. Everything left undeclared falls to the
+restrictive side: not concurrency-safe, permission "ask", side effect "write".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from broker.messages import CallContext, Group
+from broker.settings import Settings
+
+Permission = Literal["allow", "ask", "deny"]
+
+
+class SideEffect(StrEnum):
+    read = "read"  # observes only
+    idempotent = "idempotent"  # changes state, but repeating it changes nothing more
+    write = "write"  # changes state; repeating it may not be safe
+
+
+class ToolInput(BaseModel):
+    """Base of every input model: unknown fields are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolResult(BaseModel):
+    """What a tool returns: text for the model, text for the user, and facts about the run."""
+
+    for_llm: str
+    for_user: str = ""
+    is_error: bool = False
+    metadata: dict[str, Any] = {}
+
+    @classmethod
+    def error(cls, message: str, **metadata: Any) -> ToolResult:
+        return cls(for_llm=message, for_user=message, is_error=True, metadata=metadata)
+
+
+class ToolError(Exception):
+    """Raised inside a tool for a failure the model can act on; becomes an error result."""
+
+
+@dataclass
+class ToolContext:
+    """Per-call values: where the call runs, who asked, and the settings of this process."""
+
+    context: CallContext
+    settings: Settings
+    job_id: str = ""
+    call_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+InputT = TypeVar("InputT", bound=ToolInput)
+
+
+class Tool(Generic[InputT]):
+    """Base class of every tool. Subclasses set the class attributes and implement `run`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    group: ClassVar[Group]
+    input_model: ClassVar[type[ToolInput]]
+    side_effect: ClassVar[SideEffect] = SideEffect.write
+    default_permission: ClassVar[Permission] = "ask"
+    timeout_s: ClassVar[float] = 60.0
+
+    def concurrency_safe(self, args: InputT) -> bool:
+        """Whether this call may run beside others; undeclared means no."""
+        return False
+
+    def timeout(self, args: InputT, settings: Settings) -> float:
+        return self.timeout_s
+
+    def run(self, args: InputT, ctx: ToolContext) -> ToolResult:
+        raise NotImplementedError
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        return cls.input_model.model_json_schema()

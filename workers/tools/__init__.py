@@ -1,0 +1,1 @@
+"""Native tools, one package per group."""

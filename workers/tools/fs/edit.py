@@ -1,0 +1,59 @@
+"""edit_file: replace an exact string, which must be unique unless replace_all is set."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from broker.messages import Group
+from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
+from workers.tools.fs.common import read_text, workspace, write_text
+
+
+class EditFileInput(ToolInput):
+    path: str = Field(description="File path, relative to the workspace")
+    old_string: str = Field(description="Exact text to replace")
+    new_string: str = Field(description="Replacement text")
+    replace_all: bool = Field(False, description="Replace every occurrence")
+
+    @model_validator(mode="after")
+    def _differ(self) -> EditFileInput:
+        if not self.old_string:
+            raise ValueError("old_string is empty; give the exact text to replace")
+        if self.old_string == self.new_string:
+            raise ValueError("old_string and new_string are identical; nothing would change")
+        return self
+
+
+class EditFile(Tool[EditFileInput]):
+    name = "edit_file"
+    description = (
+        "Replace old_string with new_string in a file. old_string must match exactly once "
+        "(include surrounding lines to make it unique) unless replace_all is true."
+    )
+    group = Group.fs
+    input_model = EditFileInput
+    side_effect = SideEffect.write
+    default_permission = "allow"  # contained in the workspace; .git/ stays protected
+    timeout_s = 30.0
+
+    def run(self, args: EditFileInput, ctx: ToolContext) -> ToolResult:
+        ws = workspace(ctx)
+        ws.resolve(args.path, write=True)
+        text = read_text(ws, args.path)
+        count = text.count(args.old_string)
+        if count == 0:
+            return ToolResult.error(
+                f"old_string not found in {args.path}; read the file and copy the text exactly"
+            )
+        if count > 1 and not args.replace_all:
+            return ToolResult.error(
+                f"old_string occurs {count} times in {args.path}; add surrounding context to "
+                "make it unique, or set replace_all"
+            )
+        updated = text.replace(args.old_string, args.new_string)
+        write_text(ws, args.path, updated)
+        return ToolResult(
+            for_llm=f"replaced {count} occurrence{'s' if count > 1 else ''} in {args.path}",
+            for_user=f"edited {args.path}",
+            metadata={"replacements": count},
+        )

@@ -1,0 +1,80 @@
+"""read_file: a page of a text file, numbered like `cat -n`."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+
+from broker.messages import Group
+from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
+from workers.tools.fs.common import workspace
+
+MAX_LINE_CHARS = 2000
+
+
+class ReadFileInput(ToolInput):
+    path: str = Field(description="File path, relative to the workspace")
+    offset: int = Field(1, ge=1, description="First line to read (1-based)")
+    limit: int | None = Field(None, ge=1, description="Number of lines to read")
+
+
+class ReadFile(Tool[ReadFileInput]):
+    name = "read_file"
+    description = (
+        "Read a text file from the workspace. Lines are numbered like `cat -n`. "
+        "Use offset and limit to read large files page by page."
+    )
+    group = Group.fs
+    input_model = ReadFileInput
+    side_effect = SideEffect.read
+    default_permission = "allow"
+    timeout_s = 30.0
+
+    def concurrency_safe(self, args: ReadFileInput) -> bool:
+        return True
+
+    def run(self, args: ReadFileInput, ctx: ToolContext) -> ToolResult:
+        ws = workspace(ctx)
+        limit = args.limit or ctx.settings.read_default_lines
+        cap = ctx.settings.read_max_bytes
+        fd = ws.open(args.path, os.O_RDONLY)
+        out: list[str] = []
+        size = 0
+        last = args.offset - 1
+        footer = ""
+        with os.fdopen(fd, "rb") as fh:
+            head = fh.read(8192)
+            if b"\x00" in head:
+                return ToolResult.error(f"'{args.path}' is a binary file; read_file shows text")
+            fh.seek(0)
+            total = 0
+            for number, raw in enumerate(fh, start=1):
+                total = number
+                if number < args.offset or len(out) >= limit or footer:
+                    continue
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                if len(line) > MAX_LINE_CHARS:
+                    line = line[:MAX_LINE_CHARS] + " [line cut]"
+                entry = f"{number:>6}\t{line}"
+                if size + len(entry) + 1 > cap and out:
+                    footer = (
+                        f"[truncated at the {cap}-byte page cap after line {last}; "
+                        f"read on with offset={last + 1}]"
+                    )
+                    continue
+                out.append(entry)
+                size += len(entry) + 1
+                last = number
+        if not footer and last < total:
+            footer = f"[showed lines {args.offset}-{last} of {total}; read on with offset={last + 1}]"
+        if not out and total and args.offset > total:
+            return ToolResult.error(f"offset {args.offset} is past the end ({total} lines)")
+        text = "\n".join(out) if out else "[empty file]"
+        if footer:
+            text += "\n" + footer
+        return ToolResult(
+            for_llm=text,
+            for_user=f"read {args.path} lines {args.offset}-{last}",
+            metadata={"lines": total, "first": args.offset, "last": last},
+        )

@@ -1,0 +1,129 @@
+"""Group runtime: exec runs a shell command in the workspace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import IO
+
+from pydantic import Field
+
+from broker.messages import Group
+from broker.settings import Settings
+from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
+from workers.tools.fs.common import workspace
+
+# Only these reach the command: the worker's own secrets (database and Redis URLs, API
+# keys, CLAWQ_*) never do.
+INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "HOME")
+TRUNCATED = "\n[output truncated at {cap} bytes]"
+
+
+class ExecInput(ToolInput):
+    command: str = Field(description="Shell command, run with sh -c")
+    working_dir: str = Field(".", description="Directory to run in, relative to the workspace")
+    timeout_s: float | None = Field(None, gt=0, description="Seconds before the command is killed")
+
+
+class Exec(Tool[ExecInput]):
+    name = "exec"
+    description = (
+        "Run a shell command (sh -c) in the workspace and return its stdout, stderr and exit "
+        "code. Chain dependent commands with &&."
+    )
+    group = Group.runtime
+    input_model = ExecInput
+    side_effect = SideEffect.write
+    default_permission = "ask"
+
+    def timeout(self, args: ExecInput, settings: Settings) -> float:
+        return min(args.timeout_s or settings.exec_timeout_s, settings.exec_max_timeout_s)
+
+    def run(self, args: ExecInput, ctx: ToolContext) -> ToolResult:
+        ws = workspace(ctx)
+        cwd = ws.resolve(args.working_dir)
+        if not os.path.isdir(cwd):
+            raise ToolError(f"working_dir '{args.working_dir}' is not a directory")
+        timeout = self.timeout(args, ctx.settings)
+        cap = ctx.settings.exec_output_cap_bytes
+        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env["PWD"] = cwd
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", args.command],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group, killed as a whole
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        out = _Capture(proc.stdout, cap)
+        err = _Capture(proc.stderr, cap)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_group(proc)
+            proc.wait()
+        out.join()
+        err.join()
+        elapsed = time.monotonic() - started
+        text = out.text()
+        if err.data:
+            text += ("\n" if text and not text.endswith("\n") else "") + "[stderr]\n" + err.text()
+        if timed_out:
+            message = f"{text}\n[command timed out after {timeout:g}s and was killed]".lstrip()
+            return ToolResult.error(message, exit_code=None, timed_out=True, seconds=elapsed)
+        text = (text.rstrip("\n") + "\n" if text else "") + f"[exit code {proc.returncode}]"
+        return ToolResult(
+            for_llm=text,
+            for_user=f"$ {args.command}  (exit {proc.returncode})",
+            is_error=proc.returncode != 0,
+            metadata={"exit_code": proc.returncode, "seconds": round(elapsed, 3)},
+        )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Capture:
+    """Reads a pipe to its end in a thread, keeping at most `cap` bytes and a marker."""
+
+    def __init__(self, stream: IO[bytes], cap: int) -> None:
+        self.stream = stream
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while chunk := self.stream.read1(65536):  # type: ignore[attr-defined]
+            room = self.cap - len(self.data)
+            if room > 0:
+                self.data += chunk[:room]
+            if len(chunk) > room:
+                self.truncated = True
+        self.stream.close()
+
+    def join(self) -> None:
+        self._thread.join(timeout=5)
+
+    def text(self) -> str:
+        body = self.data.decode("utf-8", errors="replace")
+        return body + (TRUNCATED.format(cap=self.cap) if self.truncated else "")
+
+
+TOOLS = [Exec]
