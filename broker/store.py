@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -68,7 +68,8 @@ def migrate(conn: psycopg.Connection[Any]) -> None:
             "CREATE TABLE IF NOT EXISTS clawq_migrations"
             " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        done = {row[0] for row in conn.execute("SELECT version FROM clawq_migrations")}
+        cur = conn.cursor(row_factory=tuple_row)
+        done = {row[0] for row in cur.execute("SELECT version FROM clawq_migrations")}
         for version, sql in migrations():
             if version not in done:
                 conn.execute(sql.encode())

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -99,10 +100,6 @@ class WorkerRuntime:
         return outcome
 
     def execute(self, envelope: CallEnvelope) -> ToolResult:
-        parsed = self.registry.parse(envelope.tool, envelope.input)
-        if isinstance(parsed, ToolResult):
-            return parsed
-        tool, args = parsed
         if time.time() > envelope.deadline:
             return ToolResult.error(f"{envelope.tool} expired in the queue before a worker took it")
         ctx = ToolContext(
@@ -111,16 +108,25 @@ class WorkerRuntime:
             job_id=envelope.job_id,
             call_id=envelope.call_id,
         )
-        try:
-            return tool.run(args, ctx)
-        except ToolError as exc:
-            return ToolResult.error(str(exc))
-        except Exception as exc:  # a tool bug or a time limit: the model still gets an answer
-            log.exception("tool %s failed", envelope.tool)
-            return ToolResult.error(f"{envelope.tool} failed: {type(exc).__name__}: {exc}")
+        return run_tool(self.registry, envelope.tool, envelope.input, ctx)
 
     def stop(self) -> None:
         self.heartbeat.stop()
+
+
+def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
+    """Validate and run one tool; every failure becomes an error result for the model."""
+    parsed = registry.parse(name, raw_input)
+    if isinstance(parsed, ToolResult):
+        return parsed
+    tool, args = parsed
+    try:
+        return tool.run(args, ctx)
+    except ToolError as exc:
+        return ToolResult.error(str(exc))
+    except Exception as exc:  # a tool bug or a time limit: the model still gets an answer
+        log.exception("tool %s failed", name)
+        return ToolResult.error(f"{name} failed: {type(exc).__name__}: {exc}")
 
 
 _runtime: WorkerRuntime | None = None

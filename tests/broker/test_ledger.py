@@ -1,0 +1,40 @@
+"""The hot ledger's Lua scripts against a real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from broker import keys
+from broker.ledger import Ledger
+from tests.conftest import Isolated
+
+
+@pytest.fixture
+def client(isolated: Isolated) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(isolated.redis_url) as conn:
+        yield conn
+
+
+def test_a_call_runs_once_and_repeats_are_answered_from_the_ledger(client: redis.Redis) -> None:
+    ledger = Ledger(client, ttl_s=60)
+    client.set(keys.proc("w1"), "{}")
+    first = ledger.begin("job", 0, "c1", "w1", max_deliveries=3, now=1.0)
+    assert (first.verdict, first.detail) == ("run", "1")
+    client.set(keys.proc("w2"), "{}")
+    assert ledger.begin("job", 0, "c1", "w2", 3, 2.0).verdict == "busy"  # owner alive
+    assert ledger.finish("job", 0, "c1", "reply", '{"x": 1}') is True
+    assert ledger.finish("job", 0, "c1", "reply", '{"x": 2}') is False  # recorded once
+    assert client.lrange("reply", 0, -1) == [b'{"x": 1}']
+    again = ledger.begin("job", 0, "c1", "w2", 3, 3.0)
+    assert (again.verdict, again.detail) == ("done", '{"x": 1}')
+    assert ledger.begin("job", 1, "c1", "w2", 3, 3.0).verdict == "run"  # a later turn's c1
+
+
+def test_dead_owner_is_taken_over_until_the_delivery_cap(client: redis.Redis) -> None:
+    ledger = Ledger(client, ttl_s=60)
+    verdicts = [ledger.begin("job", 0, "c", f"dead{i}", 2, float(i)).verdict for i in range(3)]
+    assert verdicts == ["run", "run", "exhausted"]
+    assert client.ttl(keys.call("job", 0, "c")) > 0

@@ -1,0 +1,66 @@
+"""Shared fixtures: each test (or module, for process stacks) gets its own Redis db and
+PostgreSQL schema, so tests never see each other's state."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from broker.settings import Settings
+from broker.store import Store
+
+REDIS_BASE = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
+PG_BASE = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+_dbs = itertools.cycle(range(1, 16))
+
+
+class Isolated:
+    """A Redis db and a PostgreSQL schema of one's own, and Settings that point at them."""
+
+    def __init__(self, **overrides: object) -> None:
+        self.db = next(_dbs)
+        self.schema = "t_" + uuid.uuid4().hex[:12]
+        self.redis_url = f"{REDIS_BASE}/{self.db}"
+        self.database_url = f"{PG_BASE}?options=-csearch_path%3D{self.schema}"
+        self.flush()
+        with psycopg.connect(PG_BASE, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {self.schema}")
+        store = Store(self.database_url)
+        store.migrate()
+        store.close()
+        self.settings = Settings(
+            redis_url=self.redis_url, database_url=self.database_url, **overrides
+        )
+
+    def env(self) -> dict[str, str]:
+        return {"CLAWQ_REDIS_URL": self.redis_url, "CLAWQ_DATABASE_URL": self.database_url}
+
+    def flush(self) -> None:
+        with redis.Redis.from_url(self.redis_url) as client:
+            client.flushdb()
+
+    def drop(self) -> None:
+        self.flush()
+        with psycopg.connect(PG_BASE, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {self.schema} CASCADE")
+
+
+@pytest.fixture
+def isolated() -> Iterator[Isolated]:
+    iso = Isolated()
+    yield iso
+    iso.drop()
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws

@@ -1,0 +1,40 @@
+"""A real cluster per test module: an orchestrator process and Celery worker processes on
+the system Redis and PostgreSQL, in a Redis db and schema of the module's own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from orchestrator.client import Client
+from orchestrator.stack import Stack
+from tests.conftest import Isolated
+
+
+@dataclass
+class Cluster:
+    iso: Isolated
+    stack: Stack
+    client: Client
+
+
+def start_cluster(workers_per_group: int = 1, **overrides: object) -> Iterator[Cluster]:
+    iso = Isolated(**overrides)
+    env = iso.env() | {f"CLAWQ_{k.upper()}": str(v) for k, v in overrides.items()}
+    stack = Stack(["fs", "runtime"], workers_per_group, env=env, concurrency=2)
+    stack.start()
+    try:
+        stack.wait_ready(iso.redis_url)
+        client = Client(iso.settings)
+        yield Cluster(iso, stack, client)
+        client.close()
+    finally:
+        stack.stop()
+        iso.drop()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from start_cluster()

@@ -1,0 +1,150 @@
+"""Agent jobs end to end: client → orchestrator → fs/runtime workers → result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.integration.conftest import Cluster
+
+
+def script(*turns: dict) -> dict:
+    return {"turns": list(turns)}
+
+
+def call(call_id: str, name: str, **input_: object) -> dict:
+    return {"id": call_id, "name": name, "input": input_}
+
+
+def test_fs_and_exec_calls_run_on_their_queues_in_different_processes(
+    cluster: Cluster, workspace: Path
+) -> None:
+    job = cluster.client.submit(
+        "tidy",
+        workspace=str(workspace),
+        allow=["exec"],
+        script=script(
+            {"tool_calls": [call("w", "write_file", path="n.txt", content="a\nb\n")]},
+            {"tool_calls": [call("x", "exec", command="wc -l < n.txt")]},
+            {"text": "done"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "completed" and result.final_text == "done"
+    assert result.iterations == 3
+    write, run = result.tool_calls
+    assert (write.queue, run.queue) == ("fs", "runtime")
+    assert not write.is_error and not run.is_error
+    assert run.output.startswith("2\n")
+    assert write.worker != run.worker
+    assert write.worker.startswith("worker@") and ":" in write.worker
+
+
+def test_events_are_typed_ordered_and_resumable(cluster: Cluster, workspace: Path) -> None:
+    job = cluster.client.submit(
+        "list",
+        workspace=str(workspace),
+        script=script({"tool_calls": [call("l", "list_files")]}, {"text": "ok"}),
+    )
+    seen = list(job.events())
+    types = [e.type for e in seen]
+    assert types == [
+        "job_queued", "job_started", "turn_started", "tool_call_queued",
+        "tool_call_finished", "turn_started", "model_text", "job_finished",
+    ]
+    assert seen[-1].data["status"] == "completed"
+    resumed = list(job.events(after=seen[3].id))
+    assert [e.id for e in resumed] == [e.id for e in seen[4:]]
+
+
+def test_bad_calls_become_error_results_and_the_job_goes_on(
+    cluster: Cluster, workspace: Path
+) -> None:
+    job = cluster.client.submit(
+        "try things",
+        workspace=str(workspace),
+        script=script(
+            {
+                "tool_calls": [
+                    call("u", "no_such_tool"),
+                    call("i", "read_file", offset=3),
+                    call("e", "exec", command="touch ran"),
+                    call("ok", "write_file", path="fine.txt", content="x"),
+                ]
+            },
+            {"text": "recovered"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "completed"
+    by_id = {c.id: c for c in result.tool_calls}
+    assert by_id["u"].is_error and "Unknown tool" in by_id["u"].output
+    assert by_id["i"].is_error and "path" in by_id["i"].output
+    assert by_id["e"].is_error and "allow=['exec']" in by_id["e"].output
+    assert not (workspace / "ran").exists()  # exec was never sent to a worker
+    assert not by_id["ok"].is_error and (workspace / "fine.txt").read_text() == "x"
+
+
+def test_running_out_of_turns_fails_clearly(cluster: Cluster, workspace: Path) -> None:
+    job = cluster.client.submit(
+        "x", workspace=str(workspace),
+        script=script({"tool_calls": [call("l", "list_files")]}),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "failed"
+    assert "script has 1 turns" in result.error
+
+
+def test_max_iterations(cluster: Cluster, workspace: Path) -> None:
+    looping = script(*[{"tool_calls": [call(f"c{i}", "list_files")]} for i in range(5)])
+    job = cluster.client.submit("x", workspace=str(workspace), script=looping, max_iterations=2)
+    result = job.wait(timeout=60)
+    assert result.status == "max_iterations" and result.iterations == 2
+
+
+def test_path_escapes_through_the_whole_path(
+    cluster: Cluster, workspace: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    (workspace / "out").symlink_to(tmp_path)
+    job = cluster.client.submit(
+        "escape",
+        workspace=str(workspace),
+        script=script(
+            {
+                "tool_calls": [
+                    call("r1", "read_file", path="../secret.txt"),
+                    call("r2", "read_file", path=str(secret)),
+                    call("r3", "read_file", path="out/secret.txt"),
+                    call("w1", "write_file", path="out/secret.txt", content="pwned"),
+                    call("w2", "write_file", path="../planted.txt", content="pwned"),
+                ]
+            },
+            {"text": "contained"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert all(c.is_error for c in result.tool_calls)
+    assert all("TOP SECRET" not in c.output for c in result.tool_calls)
+    assert secret.read_text() == "TOP SECRET"
+    assert not (tmp_path / "planted.txt").exists()
+
+
+def test_cancel_ends_the_job_cancelled(cluster: Cluster, workspace: Path) -> None:
+    job = cluster.client.submit(
+        "slow",
+        workspace=str(workspace),
+        allow=["exec"],
+        script=script(
+            {"tool_calls": [call("s", "exec", command="sleep 2")]},
+            {"tool_calls": [call("t", "exec", command="touch second_turn")]},
+            {"text": "never"},
+        ),
+    )
+    for event in job.events():
+        if event.type == "tool_call_queued":
+            job.cancel()
+            break
+    result = job.wait(timeout=30)
+    assert result.status == "cancelled"
+    assert not (workspace / "second_turn").exists()

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.messages import CallContext
+from broker.settings import Settings
+from workers.execute import run_tool as execute_tool
+from workers.registry import default_registry
+from workers.tool import ToolContext, ToolResult
+
+
+class Runner:
+    """Calls a tool in-process exactly as a worker does: validate, then run."""
+
+    def __init__(self, workspace: Path, settings: Settings) -> None:
+        self.workspace = workspace
+        self.settings = settings
+        self.registry = default_registry()
+        self.writable: list[str] = []
+
+    def __call__(self, name: str, **raw: Any) -> ToolResult:
+        ctx = ToolContext(
+            context=CallContext(workspace=str(self.workspace), writable_paths=self.writable),
+            settings=self.settings,
+        )
+        return execute_tool(self.registry, name, raw, ctx)
+
+
+@pytest.fixture
+def run_tool(workspace: Path) -> Runner:
+    return Runner(workspace, Settings())

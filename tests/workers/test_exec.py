@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.settings import Settings
+from tests.workers.conftest import Runner
+
+
+def test_exit_code_stdout_and_stderr(run_tool: Runner, workspace: Path) -> None:
+    ok = run_tool("exec", command="echo hi; echo oops >&2")
+    assert not ok.is_error
+    assert ok.for_llm == "hi\n[stderr]\noops\n[exit code 0]"
+    failed = run_tool("exec", command="exit 3")
+    assert failed.is_error and failed.metadata["exit_code"] == 3
+    assert failed.for_llm.endswith("[exit code 3]")
+
+
+def test_runs_in_the_workspace_and_working_dir(run_tool: Runner, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    assert run_tool("exec", command="pwd").for_llm.startswith(str(workspace.resolve()))
+    assert run_tool("exec", command="pwd", working_dir="sub").for_llm.startswith(
+        str((workspace / "sub").resolve())
+    )
+    assert run_tool("exec", command="pwd", working_dir="../..").is_error
+
+
+def test_output_is_capped_with_a_marker(workspace: Path) -> None:
+    runner = Runner(workspace, Settings(exec_output_cap_bytes=2048))
+    result = runner("exec", command="yes abcdefgh | head -c 100000")
+    assert "[output truncated at 2048 bytes]" in result.for_llm
+    assert len(result.for_llm) < 2300
+
+
+def test_timeout_kills_the_whole_process_group(run_tool: Runner, workspace: Path) -> None:
+    started = time.monotonic()
+    result = run_tool("exec", command="(sleep 30; touch late) & sleep 30", timeout_s=1)
+    assert time.monotonic() - started < 8
+    assert result.is_error and "timed out after 1s" in result.for_llm
+    time.sleep(0.3)
+    assert not (workspace / "late").exists()
+
+
+def test_environment_has_no_worker_secrets(
+    run_tool: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAWQ_DATABASE_URL", "postgresql://u:pw@db/x")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "abc")
+    env = run_tool("exec", command="env").for_llm
+    assert "pw@db" not in env and "sk-secret" not in env and "AWS_SECRET" not in env
+    assert "PATH=" in env
+
+
+def test_timeout_is_capped(workspace: Path) -> None:
+    runner = Runner(workspace, Settings(exec_max_timeout_s=2))
+    tool = runner.registry.get("exec")
+    assert tool is not None
+    args = tool.input_model.model_validate({"command": "true", "timeout_s": 999})
+    assert tool.timeout(args, runner.settings) == 2
+    assert os.path.isdir(workspace)
