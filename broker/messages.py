@@ -101,6 +101,7 @@ class ToolCallRecord(BaseModel):
     output: str
     queue: str = ""
     worker: str = ""
+    attempts: int = 0
 
 
 class JobResult(BaseModel):

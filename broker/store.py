@@ -46,7 +46,7 @@ FINISH_CALL = (
     " finished_at = to_timestamp(%s) WHERE job_id = %s AND turn = %s AND call_id = %s"
 )
 SELECT_CALLS = (
-    "SELECT call_id, name, input, is_error, for_llm, queue, worker FROM tool_calls"
+    "SELECT call_id, name, input, is_error, for_llm, queue, worker, attempts FROM tool_calls"
     " WHERE job_id = %s ORDER BY turn, seq"
 )
 
@@ -126,6 +126,7 @@ class Store:
                 output=c["for_llm"],
                 queue=c["queue"],
                 worker=c["worker"],
+                attempts=c["attempts"],
             )
             for c in self.conn.execute(SELECT_CALLS, (job_id,)).fetchall()
         ]

@@ -35,33 +35,36 @@ async def stream_events(
     timeout: float,
 ) -> AsyncIterator[EventSource]:
     """An open SSE stream; connection failures and retryable statuses are retried first."""
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception(_is_retryable),
-        stop=stop_after_attempt(3),
-        wait=wait_exponential(multiplier=0.5, max=8),
-        reraise=True,
-    ):
-        with attempt:
-            try:
-                async with aconnect_sse(
-                    http, "POST", url, headers=headers, json=body, timeout=timeout
-                ) as source:
-                    response = source.response
-                    if response.status_code != 200:
-                        detail = (await response.aread()).decode(errors="replace")[:500]
-                        error = f"{provider} returned HTTP {response.status_code}: {detail}"
-                        if response.status_code in RETRYABLE_STATUS:
-                            raise _Retryable(error)
-                        raise ModelError(error)
-                    try:
-                        yield source
-                    except httpx.TransportError as exc:  # mid-stream: not retried
-                        raise ModelError(f"{provider} stream broke: {exc}") from exc
-                    return
-            except httpx.TransportError:
-                raise
-            except httpx.HTTPError as exc:
-                raise ModelError(f"{provider}: {exc}") from exc
+    try:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_is_retryable),
+            stop=stop_after_attempt(3),
+            wait=wait_exponential(multiplier=0.5, max=8),
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    async with aconnect_sse(
+                        http, "POST", url, headers=headers, json=body, timeout=timeout
+                    ) as source:
+                        response = source.response
+                        if response.status_code != 200:
+                            detail = (await response.aread()).decode(errors="replace")[:500]
+                            error = f"{provider} returned HTTP {response.status_code}: {detail}"
+                            if response.status_code in RETRYABLE_STATUS:
+                                raise _Retryable(error)
+                            raise ModelError(error)
+                        try:
+                            yield source
+                        except httpx.TransportError as exc:  # mid-stream: not retried
+                            raise ModelError(f"{provider} stream broke: {exc}") from exc
+                        return
+                except httpx.TransportError:
+                    raise
+                except httpx.HTTPError as exc:
+                    raise ModelError(f"{provider}: {exc}") from exc
+    except httpx.TransportError as exc:  # still failing after the retries
+        raise ModelError(f"{provider} unreachable: {type(exc).__name__}: {exc}") from exc
 
 
 def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import IO
@@ -61,6 +63,7 @@ class Exec(Tool[ExecInput]):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group, killed as a whole
+            preexec_fn=_die_with_parent,
         )
         assert proc.stdout is not None and proc.stderr is not None
         out = _Capture(proc.stdout, cap)
@@ -89,6 +92,17 @@ class Exec(Tool[ExecInput]):
             is_error=proc.returncode != 0,
             metadata={"exit_code": proc.returncode, "seconds": round(elapsed, 3)},
         )
+
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """In the child: be killed if the worker dies, so a killed worker's command stops
+    instead of running on unowned (a redelivered call would otherwise run beside it)."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

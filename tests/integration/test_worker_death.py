@@ -1,0 +1,89 @@
+"""A worker killed with SIGKILL mid-call loses nothing: the call is run again by a live
+worker of its group, or, past the delivery cap, returned to the model as an error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from orchestrator.client import Job
+from tests.integration.conftest import Cluster, start_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from start_cluster(
+        workers_per_group=2, heartbeat_interval_s=0.5, heartbeat_ttl_s=2, max_deliveries=2
+    )
+
+
+def running_pid(cluster: Cluster, job: Job, timeout: float = 20) -> int:
+    """The pid of the process executing the job's only call, once it has started."""
+    client = redis.Redis.from_url(cluster.iso.redis_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            for key in client.scan_iter(match=f"clawq:call:{job.id}:*"):
+                status, proc = client.hmget(key, ["status", "proc"])
+                if status == b"running" and proc:
+                    return int(proc.decode().rsplit(":", 1)[1])
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise TimeoutError("the call never started")
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def exec_job(cluster: Cluster, workspace: Path, command: str) -> Job:
+    script = {
+        "turns": [
+            {"tool_calls": [{"id": "x", "name": "exec", "input": {"command": command}}]},
+            {"text": "done"},
+        ]
+    }
+    return cluster.client.submit("run", workspace=str(workspace), script=script, allow=["exec"])
+
+
+def test_killed_executor_process_is_redelivered(cluster: Cluster, workspace: Path) -> None:
+    job = exec_job(cluster, workspace, "sleep 1.5; echo finished >> runs.txt; echo finished")
+    os.kill(running_pid(cluster, job), signal.SIGKILL)
+    result = job.wait(timeout=60)
+    assert result.status == "completed"
+    (only,) = result.tool_calls
+    assert not only.is_error and only.output.startswith("finished")
+    assert only.attempts == 2
+    assert (workspace / "runs.txt").read_text() == "finished\n"  # the killed run never wrote
+
+
+def test_poison_call_stops_at_the_delivery_cap(cluster: Cluster, workspace: Path) -> None:
+    job = exec_job(cluster, workspace, "echo run >> runs.txt; kill -9 $PPID; sleep 5")
+    result = job.wait(timeout=90)
+    assert result.status == "completed"
+    (only,) = result.tool_calls
+    assert only.is_error and "died 2 times" in only.output
+    assert (workspace / "runs.txt").read_text() == "run\nrun\n"
+
+
+def test_whole_worker_killed_call_finishes_on_another_worker(
+    cluster: Cluster, workspace: Path
+) -> None:
+    job = exec_job(cluster, workspace, "sleep 1.5; echo finished")
+    child = running_pid(cluster, job)
+    main = parent_of(child)
+    os.kill(main, signal.SIGKILL)
+    os.kill(child, signal.SIGKILL)
+    result = job.wait(timeout=60)
+    assert result.status == "completed"
+    (only,) = result.tool_calls
+    assert not only.is_error and only.output.startswith("finished")
+    assert int(only.worker.rsplit(":", 1)[1]) != child
