@@ -231,6 +231,17 @@ def cancel(job_id: str) -> None:
 
 
 @main.command()
+@click.option("--port", default=5555, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True)
+def flower(port: int, address: str) -> None:
+    """Run Flower, the Celery dashboard, on this cluster's broker."""
+    from broker.celery_app import create_app
+
+    app = create_app(settings_from_env())
+    app.start(["flower", f"--port={port}", f"--address={address}"])
+
+
+@main.command()
 @click.option("--workers", "workers_per_group", default=1, show_default=True)
 def demo(workers_per_group: int) -> None:
     """Run a bundled scripted job across real worker processes, then shut everything down."""
