@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -108,8 +109,11 @@ def up(workers_per_group: int, log_level: str) -> None:
         env = services.env()
         write_state(services)
         console.print(f"embedded services: {env}")
-    settings = Settings(**{k.removeprefix("CLAWQ_").lower(): v for k, v in env.items()})
+    settings = settings_from_env() if not env else Settings(
+        **{k.removeprefix("CLAWQ_").lower(): v for k, v in env.items()}
+    )
     stack = Stack(_groups(), workers_per_group, env=env, log_level=log_level)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the stack on TERM too
     try:
         stack.start()
         stack.wait_ready(settings.redis_url)
