@@ -16,6 +16,7 @@ def create_app(settings: Settings) -> Celery:
     """
     app = Celery("clawq", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
+        broker_transport="broker.transport:Transport",
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -30,7 +31,7 @@ def create_app(settings: Settings) -> Celery:
         worker_pool=settings.worker_pool,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_hijack_root_logger=False,
-        worker_send_task_events=True,
+        worker_send_task_events=settings.task_events,
         task_send_sent_event=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},

@@ -60,21 +60,10 @@ def main() -> None:
 @log_option
 def worker(group: str, concurrency: int | None, pool: str | None, log_level: str) -> None:
     """Run a Celery worker executing the tools of one group (any number, on any host)."""
-    from broker.celery_app import create_app
+    from workers.main import run_worker
     from workers.registry import default_registry
-    from workers.tasks import register_tool_tasks
 
-    settings = settings_from_env()
-    app = create_app(settings)
-    register_tool_tasks(app, default_registry(), settings, queue=group)
-    argv = [
-        "worker", "-Q", group, "-n", f"{group}.{os.getpid()}@%h",
-        "--without-gossip", "--without-mingle",
-        "-P", pool or settings.worker_pool,
-        "-c", str(concurrency or settings.worker_concurrency),
-        "-l", log_level.upper(),
-    ]
-    app.worker_main(argv)
+    run_worker(settings_from_env(), default_registry(), group, concurrency, pool, log_level)
 
 
 @main.command()

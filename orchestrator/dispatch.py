@@ -75,15 +75,18 @@ class Dispatcher:
     async def listen(self, client: aioredis.Redis) -> None:
         """Resolve futures as outcomes are pushed; `client` is a connection of its own."""
         while True:
-            popped = await client.brpop([self.reply_key], timeout=1)
+            try:
+                popped = await client.brpop([self.reply_key], timeout=1)
+            except aioredis.RedisError as exc:  # reconnects on the next call
+                log.warning("reply listener: %s; retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
             if popped is None:
                 continue
-            batch = [popped[1], *(await client.rpop(self.reply_key, 500) or [])]
-            for raw in batch:
-                try:
-                    self._resolve(CallOutcome.model_validate_json(raw))
-                except ValueError:
-                    log.error("unreadable outcome dropped: %r", raw[:200])
+            try:
+                self._resolve(CallOutcome.model_validate_json(popped[1]))
+            except ValueError:
+                log.error("unreadable outcome dropped: %r", popped[1][:200])
 
     async def watchdog(self) -> None:
         """Every heartbeat interval: re-send calls whose executing process has died."""

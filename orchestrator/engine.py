@@ -28,6 +28,7 @@ from celery import Celery
 
 from broker import keys
 from broker.celery_app import create_app
+from broker.connections import async_redis
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, JobSpec
 from broker.presence import process_id
 from broker.settings import Settings
@@ -59,9 +60,9 @@ class Orchestrator:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-        self.redis = aioredis.Redis.from_url(self.settings.redis_url)
+        self.redis = async_redis(self.settings)
         listen_redis = aioredis.Redis.from_url(self.settings.redis_url)
-        self.store = AsyncStore(self.settings.database_url)
+        self.store = AsyncStore(self.settings.database_url, self.settings.database_pool_size)
         await self.store.open()
         http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
@@ -175,25 +176,35 @@ class Orchestrator:
         info = json.dumps({"kind": "orchestrator", "id": self.id, "host": socket.gethostname(),
                            "pid": os.getpid(), "queue": AGENTS_QUEUE})
         while True:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(keys.proc(self.id), info, px=self._lease_ms)
-                for job_id in self.jobs:
-                    pipe.pexpire(keys.lease(job_id), self._lease_ms)
-                await pipe.execute()
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.set(keys.proc(self.id), info, px=self._lease_ms)
+                    for job_id in self.jobs:
+                        pipe.pexpire(keys.lease(job_id), self._lease_ms)
+                    await pipe.execute()
+            except aioredis.RedisError as exc:
+                log.warning("heartbeat failed (%s); retrying", exc)
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def control(self) -> None:
-        """Cancel requests, pushed on the control channel."""
-        pubsub = self.redis.pubsub()
-        await pubsub.subscribe(keys.CONTROL_CHANNEL)
-        async for message in pubsub.listen():
-            if message.get("type") != "message":
-                continue
-            command = json.loads(message["data"])
-            job_id = command.get("cancel")
-            if job_id in self.jobs:
-                self.cancelling.add(job_id)
-                self.jobs[job_id].cancel()
+        """Cancel requests, pushed on the control channel (a missed one is still seen: the
+        loop checks the job's cancel key before every turn)."""
+        while True:
+            try:
+                pubsub = self.redis.pubsub()
+                await pubsub.subscribe(keys.CONTROL_CHANNEL)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self.on_control(json.loads(message["data"]))
+            except aioredis.RedisError as exc:
+                log.warning("control channel: %s; resubscribing", exc)
+                await asyncio.sleep(0.5)
+
+    def on_control(self, command: dict[str, Any]) -> None:
+        job_id = command.get("cancel")
+        if job_id in self.jobs:
+            self.cancelling.add(job_id)
+            self.jobs[job_id].cancel()
 
     async def recover(self) -> None:
         """Resume running jobs whose orchestrator stopped holding their lease."""

@@ -1,0 +1,292 @@
+"""`make bench`: three comparisons in one run, printed as tables with ratios.
+
+(a) round trip of a no-op tool call: clawq's whole call path (publish → Celery worker →
+    ledger → pushed outcome) vs bare Celery `apply_async().get()` vs a raw Redis echo;
+(b) calls per second through one worker process, clawq vs bare Celery;
+(c) 1,000 concurrent scripted jobs (3 turns with one call each, then a final answer) on
+    one orchestrator process: wall time, p99 call latency, orchestrator peak RSS.
+
+Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
+db and a PostgreSQL schema of its own, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import redis
+import redis.asyncio as aioredis
+from rich.console import Console
+from rich.table import Table
+
+from broker import keys
+from broker.celery_app import create_app
+from broker.connections import async_redis
+from broker.messages import CallContext, CallEnvelope
+from broker.presence import live_processes
+from broker.settings import Settings
+from broker.store import Store
+from orchestrator.dispatch import Dispatcher
+
+console = Console()
+ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
+THROUGHPUT_CALLS = int(os.environ.get("BENCH_CALLS", "3000"))
+JOBS = int(os.environ.get("BENCH_JOBS", "1000"))
+PY = sys.executable
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextmanager
+def process(args: list[str], env: dict[str, str]):  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise TimeoutError("bench setup timed out")
+
+
+class Bench:
+    def __init__(self) -> None:
+        base = Settings()
+        base_redis = base.redis_url.rsplit("/", 1)[0]
+        self.redis_url = f"{base_redis}/14"
+        self.schema = "bench_" + uuid.uuid4().hex[:8]
+        sep = "&" if "?" in base.database_url else "?"
+        self.db_base = base.database_url
+        self.database_url = f"{base.database_url}{sep}options=-csearch_path%3D{self.schema}"
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis.flushdb()
+        with psycopg.connect(self.db_base, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {self.schema}")
+        store = Store(self.database_url)
+        store.migrate()
+        store.close()
+        self.settings = Settings(redis_url=self.redis_url, database_url=self.database_url)
+        self.env = {"CLAWQ_REDIS_URL": self.redis_url, "CLAWQ_DATABASE_URL": self.database_url,
+                    "BENCH_REDIS_URL": self.redis_url}
+
+    def close(self) -> None:
+        self.redis.flushdb()
+        self.redis.close()
+        with psycopg.connect(self.db_base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {self.schema} CASCADE")
+
+    def workers_ready(self, queue: str, count: int) -> Callable[[], bool]:
+        def check() -> bool:
+            live = live_processes(self.redis)
+            return sum(1 for p in live if p.get("queue") == queue) >= count
+        return check
+
+    # -- (a) and (b): clawq's call path --------------------------------------------------
+
+    async def clawq_calls(self, n_sequential: int, n_concurrent: int) -> tuple[list[float], float]:
+        app = create_app(self.settings)
+        client = async_redis(self.settings)
+        listener = aioredis.Redis.from_url(self.redis_url)
+        dispatcher = Dispatcher(app, client, self.settings, "bench-orchestrator")
+        listen = asyncio.create_task(dispatcher.listen(listener))
+
+        def envelope(i: int) -> CallEnvelope:
+            return CallEnvelope(
+                call_id=f"c{i}", job_id="bench", turn=0, session_id="bench", tool="noop",
+                input={}, context=CallContext(workspace="/tmp"), timeout_s=30,
+                deadline=time.time() + 600, reply_to=dispatcher.reply_key,
+            )
+
+        for i in range(50):  # warm up
+            await dispatcher.call(envelope(-1 - i), "fs")
+        times = []
+        for i in range(n_sequential):
+            started = time.perf_counter()
+            await dispatcher.call(envelope(i), "fs")
+            times.append(time.perf_counter() - started)
+        window = asyncio.Semaphore(200)
+
+        async def one(i: int) -> None:
+            async with window:
+                await dispatcher.call(envelope(100_000 + i), "fs")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n_concurrent)))
+        rate = n_concurrent / (time.perf_counter() - started)
+        listen.cancel()
+        await client.aclose()
+        await listener.aclose()
+        return times, rate
+
+    def clawq_path(self) -> tuple[list[float], float]:
+        with process([PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "prefork")], self.env):
+            wait_for(self.workers_ready("fs", 1))
+            return asyncio.run(self.clawq_calls(ROUND_TRIPS, THROUGHPUT_CALLS))
+
+    def bare_celery(self) -> tuple[list[float], float]:
+        os.environ["BENCH_REDIS_URL"] = self.redis_url
+        from bench.bare import app, noop
+
+        args = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork", "-c", "1",
+                "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning",
+                "-Q", "celery"]
+        with process(args, self.env):
+            wait_for(lambda: bool(app.control.ping(timeout=0.5)))
+            for _ in range(50):
+                noop.delay().get(timeout=30)
+            times = []
+            for _ in range(ROUND_TRIPS):
+                started = time.perf_counter()
+                noop.delay().get(timeout=30)
+                times.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            pending = [noop.delay() for _ in range(THROUGHPUT_CALLS)]
+            for result in pending:
+                result.get(timeout=120)
+            rate = THROUGHPUT_CALLS / (time.perf_counter() - started)
+        return times, rate
+
+    def raw_echo(self) -> list[float]:
+        with process([PY, "-m", "bench.echo", self.redis_url], self.env):
+            times = []
+            for i in range(ROUND_TRIPS + 50):
+                started = time.perf_counter()
+                self.redis.lpush("bench:req", i)
+                self.redis.brpop(["bench:resp"], timeout=10)
+                if i >= 50:
+                    times.append(time.perf_counter() - started)
+            self.redis.lpush("bench:req", "stop")
+        return times
+
+    # -- (c): many jobs on one orchestrator ----------------------------------------------
+
+    def many_jobs(self) -> dict[str, float]:
+        from orchestrator.client import Client
+
+        workspace = tempfile.mkdtemp(prefix="clawq-bench-")
+        with open(os.path.join(workspace, "notes.txt"), "w") as fh:
+            fh.write("a\nb\n")
+        script = {"turns": [
+            {"tool_calls": [{"id": "c1", "name": "list_files", "input": {}}]},
+            {"tool_calls": [{"id": "c2", "name": "read_file", "input": {"path": "notes.txt"}}]},
+            {"tool_calls": [{"id": "c3", "name": "glob", "input": {"pattern": "*.txt"}}]},
+            {"text": "done"},
+        ]}
+        cli = [PY, "-m", "orchestrator.cli"]
+        with (
+            process([*cli, "orchestrator", "--log-level", "warning"], self.env) as orch,
+            process([*cli, "worker", "--group", "fs", "--concurrency", "4", "--log-level",
+                     "warning"], self.env),
+        ):
+            wait_for(self.workers_ready("fs", 4))
+            wait_for(lambda: any(p.get("kind") == "orchestrator"
+                                 for p in live_processes(self.redis)))
+            client = Client(self.settings)
+            started = time.perf_counter()
+            jobs = [client.submit("bench", workspace=workspace, script=script)
+                    for _ in range(JOBS)]
+            submitted = time.perf_counter() - started
+            ids = [job.id for job in jobs]
+            with psycopg.connect(self.database_url) as conn:
+                def all_done() -> bool:
+                    row = conn.execute(
+                        "SELECT count(*) FROM jobs WHERE status NOT IN ('queued', 'running')"
+                    ).fetchone()
+                    return bool(row and row[0] >= JOBS)
+                wait_for(all_done, timeout=1800)
+                wall = time.perf_counter() - started
+                bad = conn.execute(
+                    "SELECT count(*) FROM jobs WHERE status <> 'completed'"
+                ).fetchone()
+            with open(f"/proc/{orch.pid}/status") as fh:
+                rss_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM"))
+            latencies = self.call_latencies(ids)
+            client.close()
+        return {
+            "jobs": JOBS, "failed": bad[0] if bad else -1, "submit_s": submitted, "wall_s": wall,
+            "calls": len(latencies), "p50_ms": pct(latencies, 0.5) * 1e3,
+            "p99_ms": pct(latencies, 0.99) * 1e3, "peak_rss_mb": rss_kb / 1024,
+        }
+
+    def call_latencies(self, job_ids: list[str]) -> list[float]:
+        out = []
+        for job_id in job_ids:
+            queued: dict[str, float] = {}
+            for _, fields in self.redis.xrange(keys.events(job_id)):
+                event = json.loads(fields[b"e"])
+                call = event["data"].get("call_id")
+                if event["type"] == "tool_call_queued":
+                    queued[call] = event["at"]
+                elif event["type"] == "tool_call_finished" and call in queued:
+                    out.append(event["at"] - queued[call])
+        return out
+
+
+def ms(values: list[float], q: float) -> float:
+    return pct(values, q) * 1e3
+
+
+def main() -> None:
+    bench = Bench()
+    try:
+        console.print(f"(a)/(b): {ROUND_TRIPS} sequential no-op calls, then {THROUGHPUT_CALLS} "
+                      "concurrent; one prefork worker process (-c 1) each")
+        ours, our_rate = bench.clawq_path()
+        bare, bare_rate = bench.bare_celery()
+        echo = bench.raw_echo()
+        table = Table(title="(a) round trip of a no-op tool call")
+        for col in ("path", "p50 ms", "p99 ms", "mean ms", "p50 vs bare Celery"):
+            table.add_column(col, justify="right")
+        for name, times in (("clawq call path", ours), ("bare Celery apply_async().get()", bare),
+                            ("raw Redis LPUSH/BRPOP echo", echo)):
+            table.add_row(name, f"{ms(times, .5):.3f}", f"{ms(times, .99):.3f}",
+                          f"{statistics.mean(times) * 1e3:.3f}",
+                          f"{ms(times, .5) / ms(bare, .5):.2f}x")
+        console.print(table)
+        table = Table(title="(b) calls per second, one worker process")
+        for col in ("path", "calls/s", "vs bare Celery"):
+            table.add_column(col, justify="right")
+        table.add_row("clawq (acks late, prefetch 1, ledger)", f"{our_rate:.0f}",
+                      f"{our_rate / bare_rate:.2f}x")
+        table.add_row("bare Celery (defaults)", f"{bare_rate:.0f}", "1.00x")
+        console.print(table)
+        c = bench.many_jobs()
+        table = Table(title=f"(c) {JOBS} concurrent scripted jobs on one orchestrator process")
+        for col in ("jobs", "not completed", "submit s", "wall s", "calls", "call p50 ms",
+                    "call p99 ms", "orchestrator peak RSS MB"):
+            table.add_column(col, justify="right")
+        table.add_row(str(c["jobs"]), str(c["failed"]), f"{c['submit_s']:.1f}",
+                      f"{c['wall_s']:.1f}", str(c["calls"]), f"{c['p50_ms']:.1f}",
+                      f"{c['p99_ms']:.1f}", f"{c['peak_rss_mb']:.0f}")
+        console.print(table)
+    finally:
+        bench.close()
+
+
+if __name__ == "__main__":
+    main()
