@@ -82,7 +82,3 @@ class Tool(Generic[InputT]):
 
     def run(self, args: InputT, ctx: ToolContext) -> ToolResult:
         raise NotImplementedError
-
-    @classmethod
-    def json_schema(cls) -> dict[str, Any]:
-        return cls.input_model.model_json_schema()
