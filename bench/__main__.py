@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 import redis
@@ -91,8 +90,11 @@ class Bench:
         store.migrate()
         store.close()
         self.settings = Settings(redis_url=self.redis_url, database_url=self.database_url)
-        self.env = {"CLAWQ_REDIS_URL": self.redis_url, "CLAWQ_DATABASE_URL": self.database_url,
-                    "BENCH_REDIS_URL": self.redis_url}
+        self.env = {
+            "CLAWQ_REDIS_URL": self.redis_url,
+            "CLAWQ_DATABASE_URL": self.database_url,
+            "BENCH_REDIS_URL": self.redis_url,
+        }
 
     def close(self) -> None:
         self.redis.flushdb()
@@ -104,6 +106,7 @@ class Bench:
         def check() -> bool:
             live = live_processes(self.redis)
             return sum(1 for p in live if p.get("queue") == queue) >= count
+
         return check
 
     # -- (a) and (b): clawq's call path --------------------------------------------------
@@ -117,9 +120,16 @@ class Bench:
 
         def envelope(i: int) -> CallEnvelope:
             return CallEnvelope(
-                call_id=f"c{i}", job_id="bench", turn=0, session_id="bench", tool="noop",
-                input={}, context=CallContext(workspace="/tmp"), timeout_s=30,
-                deadline=time.time() + 600, reply_to=dispatcher.reply_key,
+                call_id=f"c{i}",
+                job_id="bench",
+                turn=0,
+                session_id="bench",
+                tool="noop",
+                input={},
+                context=CallContext(workspace="/tmp"),
+                timeout_s=30,
+                deadline=time.time() + 600,
+                reply_to=dispatcher.reply_key,
             )
 
         for i in range(50):  # warm up
@@ -144,7 +154,9 @@ class Bench:
         return times, rate
 
     def clawq_path(self) -> tuple[list[float], float]:
-        with process([PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "prefork")], self.env):
+        with process(
+            [PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "prefork")], self.env
+        ):
             wait_for(self.workers_ready("fs", 1))
             return asyncio.run(self.clawq_calls(ROUND_TRIPS, THROUGHPUT_CALLS))
 
@@ -152,9 +164,25 @@ class Bench:
         os.environ["BENCH_REDIS_URL"] = self.redis_url
         from bench.bare import app, noop
 
-        args = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork", "-c", "1",
-                "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning",
-                "-Q", "celery"]
+        args = [
+            PY,
+            "-m",
+            "celery",
+            "-A",
+            "bench.bare",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "1",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "warning",
+            "-Q",
+            "celery",
+        ]
         with process(args, self.env):
             wait_for(lambda: bool(app.control.ping(timeout=0.5)))
             for _ in range(50):
@@ -191,33 +219,39 @@ class Bench:
         workspace = tempfile.mkdtemp(prefix="clawq-bench-")
         with open(os.path.join(workspace, "notes.txt"), "w") as fh:
             fh.write("a\nb\n")
-        script = {"turns": [
-            {"tool_calls": [{"id": "c1", "name": "list_files", "input": {}}]},
-            {"tool_calls": [{"id": "c2", "name": "read_file", "input": {"path": "notes.txt"}}]},
-            {"tool_calls": [{"id": "c3", "name": "glob", "input": {"pattern": "*.txt"}}]},
-            {"text": "done"},
-        ]}
+        script = {
+            "turns": [
+                {"tool_calls": [{"id": "c1", "name": "list_files", "input": {}}]},
+                {"tool_calls": [{"id": "c2", "name": "read_file", "input": {"path": "notes.txt"}}]},
+                {"tool_calls": [{"id": "c3", "name": "glob", "input": {"pattern": "*.txt"}}]},
+                {"text": "done"},
+            ]
+        }
         cli = [PY, "-m", "orchestrator.cli"]
         with (
             process([*cli, "orchestrator", "--log-level", "warning"], self.env) as orch,
-            process([*cli, "worker", "--group", "fs", "--concurrency", "4", "--log-level",
-                     "warning"], self.env),
+            process(
+                [*cli, "worker", "--group", "fs", "--concurrency", "4", "--log-level", "warning"],
+                self.env,
+            ),
         ):
             wait_for(self.workers_ready("fs", 4))
-            wait_for(lambda: any(p.get("kind") == "orchestrator"
-                                 for p in live_processes(self.redis)))
+            wait_for(
+                lambda: any(p.get("kind") == "orchestrator" for p in live_processes(self.redis))
+            )
             client = Client(self.settings)
             started = time.perf_counter()
-            jobs = [client.submit("bench", workspace=workspace, script=script)
-                    for _ in range(JOBS)]
+            jobs = [client.submit("bench", workspace=workspace, script=script) for _ in range(JOBS)]
             submitted = time.perf_counter() - started
             ids = [job.id for job in jobs]
             with psycopg.connect(self.database_url) as conn:
+
                 def all_done() -> bool:
                     row = conn.execute(
                         "SELECT count(*) FROM jobs WHERE status NOT IN ('queued', 'running')"
                     ).fetchone()
                     return bool(row and row[0] >= JOBS)
+
                 wait_for(all_done, timeout=1800)
                 wall = time.perf_counter() - started
                 bad = conn.execute(
@@ -228,9 +262,14 @@ class Bench:
             latencies = self.call_latencies(ids)
             client.close()
         return {
-            "jobs": JOBS, "failed": bad[0] if bad else -1, "submit_s": submitted, "wall_s": wall,
-            "calls": len(latencies), "p50_ms": pct(latencies, 0.5) * 1e3,
-            "p99_ms": pct(latencies, 0.99) * 1e3, "peak_rss_mb": rss_kb / 1024,
+            "jobs": JOBS,
+            "failed": bad[0] if bad else -1,
+            "submit_s": submitted,
+            "wall_s": wall,
+            "calls": len(latencies),
+            "p50_ms": pct(latencies, 0.5) * 1e3,
+            "p99_ms": pct(latencies, 0.99) * 1e3,
+            "peak_rss_mb": rss_kb / 1024,
         }
 
     def call_latencies(self, job_ids: list[str]) -> list[float]:
@@ -254,35 +293,62 @@ def ms(values: list[float], q: float) -> float:
 def main() -> None:
     bench = Bench()
     try:
-        console.print(f"(a)/(b): {ROUND_TRIPS} sequential no-op calls, then {THROUGHPUT_CALLS} "
-                      "concurrent; one prefork worker process (-c 1) each")
+        console.print(
+            f"(a)/(b): {ROUND_TRIPS} sequential no-op calls, then {THROUGHPUT_CALLS} "
+            "concurrent; one prefork worker process (-c 1) each"
+        )
         ours, our_rate = bench.clawq_path()
         bare, bare_rate = bench.bare_celery()
         echo = bench.raw_echo()
         table = Table(title="(a) round trip of a no-op tool call")
         for col in ("path", "p50 ms", "p99 ms", "mean ms", "p50 vs bare Celery"):
             table.add_column(col, justify="right")
-        for name, times in (("clawq call path", ours), ("bare Celery apply_async().get()", bare),
-                            ("raw Redis LPUSH/BRPOP echo", echo)):
-            table.add_row(name, f"{ms(times, .5):.3f}", f"{ms(times, .99):.3f}",
-                          f"{statistics.mean(times) * 1e3:.3f}",
-                          f"{ms(times, .5) / ms(bare, .5):.2f}x")
+        for name, times in (
+            ("clawq call path", ours),
+            ("bare Celery apply_async().get()", bare),
+            ("raw Redis LPUSH/BRPOP echo", echo),
+        ):
+            table.add_row(
+                name,
+                f"{ms(times, 0.5):.3f}",
+                f"{ms(times, 0.99):.3f}",
+                f"{statistics.mean(times) * 1e3:.3f}",
+                f"{ms(times, 0.5) / ms(bare, 0.5):.2f}x",
+            )
         console.print(table)
         table = Table(title="(b) calls per second, one worker process")
         for col in ("path", "calls/s", "vs bare Celery"):
             table.add_column(col, justify="right")
-        table.add_row("clawq (acks late, prefetch 1, ledger)", f"{our_rate:.0f}",
-                      f"{our_rate / bare_rate:.2f}x")
+        table.add_row(
+            "clawq (acks late, prefetch 1, ledger)",
+            f"{our_rate:.0f}",
+            f"{our_rate / bare_rate:.2f}x",
+        )
         table.add_row("bare Celery (defaults)", f"{bare_rate:.0f}", "1.00x")
         console.print(table)
         c = bench.many_jobs()
         table = Table(title=f"(c) {JOBS} concurrent scripted jobs on one orchestrator process")
-        for col in ("jobs", "not completed", "submit s", "wall s", "calls", "call p50 ms",
-                    "call p99 ms", "orchestrator peak RSS MB"):
+        for col in (
+            "jobs",
+            "not completed",
+            "submit s",
+            "wall s",
+            "calls",
+            "call p50 ms",
+            "call p99 ms",
+            "orchestrator peak RSS MB",
+        ):
             table.add_column(col, justify="right")
-        table.add_row(str(c["jobs"]), str(c["failed"]), f"{c['submit_s']:.1f}",
-                      f"{c['wall_s']:.1f}", str(c["calls"]), f"{c['p50_ms']:.1f}",
-                      f"{c['p99_ms']:.1f}", f"{c['peak_rss_mb']:.0f}")
+        table.add_row(
+            str(c["jobs"]),
+            str(c["failed"]),
+            f"{c['submit_s']:.1f}",
+            f"{c['wall_s']:.1f}",
+            str(c["calls"]),
+            f"{c['p50_ms']:.1f}",
+            f"{c['p99_ms']:.1f}",
+            f"{c['peak_rss_mb']:.0f}",
+        )
         console.print(table)
     finally:
         bench.close()

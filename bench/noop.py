@@ -37,5 +37,11 @@ def registry():  # type: ignore[no-untyped-def]
 
 
 if __name__ == "__main__":
-    run_worker(Settings(), registry(), "fs", concurrency=int(sys.argv[1]), pool=sys.argv[2],
-               log_level="warning")
+    run_worker(
+        Settings(),
+        registry(),
+        "fs",
+        concurrency=int(sys.argv[1]),
+        pool=sys.argv[2],
+        log_level="warning",
+    )

@@ -42,7 +42,8 @@ class EmbeddedServices:
             os.path.join(root, "redis.db"),
             serverconfig={"port": str(port), "bind": "127.0.0.1", "save": ""},
         )
-        pg = pgserver.get_server(os.path.join(root, "pgdata"), cleanup_mode="stop")
+        pgdata = os.path.join(root, "pgdata")
+        pg = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
         return cls(f"redis://127.0.0.1:{port}/0", pg.get_uri(), (redis_server, pg), root)
 
     def env(self) -> dict[str, str]:

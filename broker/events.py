@@ -35,8 +35,7 @@ def emit_sync(client: redis.Redis, event: Event, ttl_s: int) -> None:
 
 
 def _parse(entry_id: Any, fields: dict[Any, Any]) -> Event:
-    raw = fields.get(b"e") or fields.get("e")
-    event = Event.model_validate_json(raw)
+    event = Event.model_validate_json(fields[b"e"])
     event.id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
     return event
 
@@ -51,7 +50,7 @@ def read(
     last = after or "0-0"
     key = keys.events(job_id)
     while True:
-        batch = client.xread({key: last}, count=500, block=block_ms)
+        batch: Any = client.xread({key: last}, count=500, block=block_ms)
         if not batch:
             return
         for entry_id, fields in batch[0][1]:

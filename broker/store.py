@@ -19,11 +19,16 @@ from broker.messages import CallOutcome, JobResult, JobSpec, ToolCallRecord
 
 MIGRATION_LOCK = 7_415_922_001
 
-INSERT_SESSION = "INSERT INTO sessions (id, agent_id, user_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+INSERT_SESSION = (
+    "INSERT INTO sessions (id, agent_id, user_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+)
 INSERT_JOB = "INSERT INTO jobs (id, session_id, status, spec) VALUES (%s, %s, 'queued', %s)"
-SELECT_JOB = "SELECT id, session_id, status, spec, final_text, error, iterations FROM jobs WHERE id = %s"
+SELECT_JOB = (
+    "SELECT id, session_id, status, spec, final_text, error, iterations FROM jobs WHERE id = %s"
+)
 START_JOB = (
-    "UPDATE jobs SET status = 'running', orchestrator = %s, started_at = coalesce(started_at, now())"
+    "UPDATE jobs SET status = 'running', orchestrator = %s,"
+    " started_at = coalesce(started_at, now())"
     " WHERE id = %s AND status IN ('queued', 'running') RETURNING id"
 )
 FINISH_JOB = (
@@ -31,7 +36,9 @@ FINISH_JOB = (
     " WHERE id = %s"
 )
 SET_ITERATIONS = "UPDATE jobs SET iterations = %s WHERE id = %s"
-SELECT_MESSAGES = "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s ORDER BY seq"
+SELECT_MESSAGES = (
+    "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s ORDER BY seq"
+)
 INSERT_MESSAGE = (
     "INSERT INTO messages (session_id, seq, job_id, role, content) VALUES (%s, %s, %s, %s, %s)"
     " ON CONFLICT (session_id, seq) DO NOTHING"
@@ -180,7 +187,12 @@ class AsyncStore:
             return await cur.fetchall()
 
     async def append_message(
-        self, session_id: str, job_id: str, seq: int, role: str, content: dict[str, Any],
+        self,
+        session_id: str,
+        job_id: str,
+        seq: int,
+        role: str,
+        content: dict[str, Any],
         turn: int = 0,
         calls: list[tuple[str, str, dict[str, Any], str]] | None = None,
         iterations: int | None = None,
@@ -196,7 +208,11 @@ class AsyncStore:
                 await conn.execute(SET_ITERATIONS, (iterations, job_id))
 
     async def record_outcomes(
-        self, session_id: str, job_id: str, seq: int, content: dict[str, Any],
+        self,
+        session_id: str,
+        job_id: str,
+        seq: int,
+        content: dict[str, Any],
         outcomes: list[CallOutcome],
     ) -> None:
         """The tool-result message and the ledger rows of its calls, atomically."""
@@ -210,4 +226,3 @@ class AsyncStore:
     ) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(FINISH_JOB, (status, final_text, error, iterations, job_id))
-

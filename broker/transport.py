@@ -18,10 +18,10 @@ class Channel(kombu_redis.Channel):
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
-            return super()._create_client(asynchronous=True)
+            return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]
         client = self._sync_client
         if client is None or client.connection_pool is not self.pool:  # pools reset at fork
-            client = self._sync_client = super()._create_client()
+            client = self._sync_client = super()._create_client()  # type: ignore[no-untyped-call]
         return client
 
 

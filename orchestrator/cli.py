@@ -26,6 +26,13 @@ console = Console(stderr=True)
 URL_VARS = ("CLAWQ_REDIS_URL", "CLAWQ_DATABASE_URL")
 
 
+def settings_for(urls: dict[str, str]) -> Settings:
+    """Settings on the given service URLs (embedded ones), else from the environment."""
+    if not urls:
+        return settings_from_env()
+    return Settings(redis_url=urls["CLAWQ_REDIS_URL"], database_url=urls["CLAWQ_DATABASE_URL"])
+
+
 def settings_from_env() -> Settings:
     """Settings for a command talking to a cluster: the environment, else a running
     embedded stack started by `clawq up`, else the local default services."""
@@ -34,17 +41,23 @@ def settings_from_env() -> Settings:
     if not any(os.environ.get(v) for v in URL_VARS):
         state = read_state()
         if state:
-            return Settings(**{k.removeprefix("CLAWQ_").lower(): v for k, v in state.items()})
+            return settings_for(state)
     return Settings()
 
 
 def log_option(fn: Any) -> Any:
-    return click.option("--log-level", default="info", show_default=True,
-                        type=click.Choice(["debug", "info", "warning", "error"]))(fn)
+    return click.option(
+        "--log-level",
+        default="info",
+        show_default=True,
+        type=click.Choice(["debug", "info", "warning", "error"]),
+    )(fn)
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
 
 
 @click.group()
@@ -53,8 +66,13 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--group", "group", required=True, type=click.Choice([g.value for g in Group]),
-              help="Tool group whose queue this worker consumes.")
+@click.option(
+    "--group",
+    "group",
+    required=True,
+    type=click.Choice([g.value for g in Group]),
+    help="Tool group whose queue this worker consumes.",
+)
 @click.option("--concurrency", type=int, default=None, help="Executing processes/threads.")
 @click.option("--pool", type=click.Choice(["prefork", "threads", "solo"]), default=None)
 @log_option
@@ -83,8 +101,13 @@ def _groups() -> list[str]:
 
 
 @main.command()
-@click.option("--workers", "workers_per_group", default=1, show_default=True,
-              help="Worker processes per tool group.")
+@click.option(
+    "--workers",
+    "workers_per_group",
+    default=1,
+    show_default=True,
+    help="Worker processes per tool group.",
+)
 @log_option
 def up(workers_per_group: int, log_level: str) -> None:
     """Run a local stack in the foreground: an orchestrator and workers for every group."""
@@ -98,16 +121,16 @@ def up(workers_per_group: int, log_level: str) -> None:
         env = services.env()
         write_state(services)
         console.print(f"embedded services: {env}")
-    settings = settings_from_env() if not env else Settings(
-        **{k.removeprefix("CLAWQ_").lower(): v for k, v in env.items()}
-    )
+    settings = settings_for(env)
     stack = Stack(_groups(), workers_per_group, env=env, log_level=log_level)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the stack on TERM too
     try:
         stack.start()
         stack.wait_ready(settings.redis_url)
-        console.print(f"[green]stack up[/]: orchestrator + {workers_per_group} worker(s) for "
-                      f"{', '.join(stack.groups)}. Ctrl-C stops it.")
+        console.print(
+            f"[green]stack up[/]: orchestrator + {workers_per_group} worker(s) for "
+            f"{', '.join(stack.groups)}. Ctrl-C stops it."
+        )
         while stack.alive():
             time.sleep(0.5)
         console.print("[red]a process of the stack exited[/]")
@@ -131,8 +154,9 @@ def status(as_json: bool) -> None:
     client = redis.Redis.from_url(settings.redis_url)
     live = live_processes(client)
     report: dict[str, Any] = {
-        "orchestrators": sorted((p for p in live if p.get("kind") == "orchestrator"),
-                                key=lambda p: p["id"]),
+        "orchestrators": sorted(
+            (p for p in live if p.get("kind") == "orchestrator"), key=lambda p: p["id"]
+        ),
         "queues": {},
     }
     for proc in sorted((p for p in live if p.get("kind") == "worker"), key=lambda p: p["id"]):
@@ -178,26 +202,47 @@ def show_event(event: Event) -> None:
 
 @main.command()
 @click.argument("prompt")
-@click.option("--model", default="scripted", show_default=True,
-              help="scripted, openai[:name] or anthropic[:name]")
-@click.option("--script", "script_file", type=click.Path(exists=True, dir_okay=False),
-              help="JSON script for the scripted model.")
+@click.option(
+    "--model",
+    default="scripted",
+    show_default=True,
+    help="scripted, openai[:name] or anthropic[:name]",
+)
+@click.option(
+    "--script",
+    "script_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSON script for the scripted model.",
+)
 @click.option("--workspace", type=click.Path(file_okay=False), default=".", show_default=True)
 @click.option("--allow", multiple=True, help="Allow a tool that needs permission (repeatable).")
 @click.option("--max-iterations", type=int, default=None)
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
-def run(prompt: str, model: str, script_file: str | None, workspace: str, allow: tuple[str, ...],
-        max_iterations: int | None, timeout: float, as_json: bool) -> None:
+def run(
+    prompt: str,
+    model: str,
+    script_file: str | None,
+    workspace: str,
+    allow: tuple[str, ...],
+    max_iterations: int | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
     from orchestrator.client import Client, ClientError
 
     script = json.loads(Path(script_file).read_text()) if script_file else None
     with Client(settings_from_env()) as client:
         try:
-            job = client.submit(prompt, model=model, script=script,
-                                workspace=os.path.abspath(workspace), allow=allow,
-                                max_iterations=max_iterations)
+            job = client.submit(
+                prompt,
+                model=model,
+                script=script,
+                workspace=os.path.abspath(workspace),
+                allow=allow,
+                max_iterations=max_iterations,
+            )
         except ClientError as exc:
             raise click.UsageError(str(exc)) from None
         if not as_json:
@@ -248,7 +293,7 @@ def demo(workers_per_group: int) -> None:
         console.print("starting embedded Redis and PostgreSQL…")
         services = EmbeddedServices.start()
         env = services.env()
-    settings = Settings(**{k.removeprefix("CLAWQ_").lower(): v for k, v in env.items()})
+    settings = settings_for(env)
     script = json.loads((resources.files("orchestrator") / "demo_script.json").read_text())
     stack = Stack(_groups(), workers_per_group, env=env)
     ok = False
@@ -256,17 +301,26 @@ def demo(workers_per_group: int) -> None:
         stack.start()
         stack.wait_ready(settings.redis_url)
         console.print("[green]stack up[/]: orchestrator + workers for " + ", ".join(stack.groups))
-        with tempfile.TemporaryDirectory(prefix="clawq-demo-") as workspace, Client(settings) as client:
-            job = client.submit("tidy the notes", model="scripted", script=script,
-                                workspace=workspace, allow=["exec"])
+        with (
+            tempfile.TemporaryDirectory(prefix="clawq-demo-") as workspace,
+            Client(settings) as client,
+        ):
+            job = client.submit(
+                "tidy the notes",
+                model="scripted",
+                script=script,
+                workspace=workspace,
+                allow=["exec"],
+            )
             console.print(f"job {job.id} in workspace {workspace}")
             for event in job.events():
                 show_event(event)
             result = job.wait(timeout=60)
             table = Table("call", "tool", "queue", "worker", "ok")
             for call in result.tool_calls:
-                table.add_row(call.id, call.name, call.queue, call.worker,
-                              "no" if call.is_error else "yes")
+                table.add_row(
+                    call.id, call.name, call.queue, call.worker, "no" if call.is_error else "yes"
+                )
             Console().print(table)
             click.echo((Path(workspace) / "notes/todo.md").read_text())
             ok = result.status == "completed" and not any(c.is_error for c in result.tool_calls)

@@ -1,12 +1,12 @@
 """The Python client: submit agent jobs, follow their events, wait, cancel.
 
-    from orchestrator.client import Client
-    client = Client()   # CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL from the environment
-    job = client.submit("tidy the notes", model="scripted", script=script,
-                        workspace="/srv/ws", allow=["exec"])
-    for event in job.events():
-        print(event)
-    result = job.wait(timeout=60)
+from orchestrator.client import Client
+client = Client()   # CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL from the environment
+job = client.submit("tidy the notes", model="scripted", script=script,
+                    workspace="/srv/ws", allow=["exec"])
+for event in job.events():
+    print(event)
+result = job.wait(timeout=60)
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class Dispatcher:
             soft_time_limit=env.timeout_s + self.settings.tool_grace_s,
             time_limit=env.timeout_s + 2 * self.settings.tool_grace_s,
             root_id=env.job_id,
-            kwargsrepr=f"{{'tool': '{env.tool}', 'call_id': '{env.call_id}', 'job': '{env.job_id}'}}",
+            kwargsrepr=repr({"tool": env.tool, "call_id": env.call_id, "job": env.job_id}),
         )
 
     def _resolve(self, outcome: CallOutcome) -> None:
@@ -111,7 +111,7 @@ class Dispatcher:
             for p, (status, owner, _) in zip(items, states, strict=True)
             if status == b"running" and owner
         ]
-        for p, (status, _, outcome) in zip(items, states, strict=True):
+        for status, _, outcome in states:
             if status == b"done" and outcome:  # recorded, but the push was lost
                 self._resolve(CallOutcome.model_validate_json(outcome))
         if not running:

@@ -21,10 +21,11 @@ import threading
 from typing import Any
 
 import httpx
-import kombu
 import kombu.exceptions
 import redis.asyncio as aioredis
 from celery import Celery
+from kombu.entity import Queue
+from kombu.message import Message
 
 from broker import keys
 from broker.celery_app import create_app
@@ -100,9 +101,9 @@ class Orchestrator:
 
     def consume(self, loop: asyncio.AbstractEventLoop) -> None:
         """kombu consumer thread: accept each agent run on the loop, then ack it."""
-        queue = kombu.Queue(AGENTS_QUEUE, routing_key=AGENTS_QUEUE)
+        queue = Queue(AGENTS_QUEUE, routing_key=AGENTS_QUEUE)
 
-        def on_message(body: Any, message: kombu.Message) -> None:
+        def on_message(body: Any, message: Message) -> None:
             kwargs = body[1] if isinstance(body, list) and len(body) > 1 else {}
             job_id = kwargs.get("job_id")
             if message.headers.get("task") != AGENT_RUN_TASK or not job_id:
@@ -120,8 +121,11 @@ class Orchestrator:
 
         while not self._stop_consuming.is_set():
             try:
-                with self.app.connection_for_read() as conn, conn.Consumer(
-                    [queue], accept=["json"], callbacks=[on_message], prefetch_count=100
+                with (
+                    self.app.connection_for_read() as conn,
+                    conn.Consumer(
+                        [queue], accept=["json"], callbacks=[on_message], prefetch_count=100
+                    ),
                 ):
                     while not self._stop_consuming.is_set():
                         with contextlib.suppress(TimeoutError, socket.timeout):
@@ -173,8 +177,15 @@ class Orchestrator:
 
     async def heartbeat(self) -> None:
         """Presence of this process and the leases of its jobs, refreshed together."""
-        info = json.dumps({"kind": "orchestrator", "id": self.id, "host": socket.gethostname(),
-                           "pid": os.getpid(), "queue": AGENTS_QUEUE})
+        info = json.dumps(
+            {
+                "kind": "orchestrator",
+                "id": self.id,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "queue": AGENTS_QUEUE,
+            }
+        )
         while True:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:

@@ -17,7 +17,14 @@ import httpx
 import redis.asyncio as aioredis
 
 from broker import events, keys
-from broker.messages import CallContext, CallEnvelope, CallOutcome, Event, JobSpec
+from broker.messages import (
+    CallContext,
+    CallEnvelope,
+    CallOutcome,
+    Event,
+    EventType,
+    JobSpec,
+)
 from broker.settings import Settings
 from broker.store import AsyncStore
 from orchestrator import permissions
@@ -66,8 +73,8 @@ class JobRun:
         self.messages: list[Message] = []
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
 
-    async def emit(self, type_: str, **data: Any) -> None:
-        event = Event(type=type_, job_id=self.job_id, data=data)  # type: ignore[arg-type]
+    async def emit(self, type_: EventType, **data: Any) -> None:
+        event = Event(type=type_, job_id=self.job_id, data=data)
         await events.emit(self.s.redis, event, self.s.settings.events_ttl_s)
 
     @property
@@ -77,7 +84,9 @@ class JobRun:
     async def run(self) -> None:
         """Run (or resume) the job to a final status, persisting each step."""
         rows = await self.s.store.transcript(self.session_id)
-        self.messages = [Message.from_row(r["role"], r["content"], r.get("job_id", "")) for r in rows]
+        self.messages = [
+            Message.from_row(r["role"], r["content"], r.get("job_id", "")) for r in rows
+        ]
         resumed = any(m.job_id == self.job_id for m in self.messages)
         await self.emit("job_started", resumed=resumed)
         if not resumed:
@@ -125,12 +134,15 @@ class JobRun:
             raise JobCancelled
 
     async def append(self, message: Message, turn: int = 0) -> None:
-        calls = [
-            (c.id, c.name, c.input, self._queue_of(c.name)) for c in message.tool_calls
-        ]
+        calls = [(c.id, c.name, c.input, self._queue_of(c.name)) for c in message.tool_calls]
         await self.s.store.append_message(
-            self.session_id, self.job_id, len(self.messages), message.role, message.content(),
-            turn=turn, calls=calls,
+            self.session_id,
+            self.job_id,
+            len(self.messages),
+            message.role,
+            message.content(),
+            turn=turn,
+            calls=calls,
             iterations=self.turns + 1 if message.role == "assistant" else None,
         )
         self.messages.append(message)
@@ -187,9 +199,15 @@ class JobRun:
 
     def local_outcome(self, turn: int, call: ToolCall, result: ToolResult) -> CallOutcome:
         return CallOutcome(
-            call_id=call.id, job_id=self.job_id, turn=turn, for_llm=result.for_llm,
-            for_user=result.for_user, is_error=result.is_error, metadata=result.metadata,
-            worker="orchestrator", attempts=0,
+            call_id=call.id,
+            job_id=self.job_id,
+            turn=turn,
+            for_llm=result.for_llm,
+            for_user=result.for_user,
+            is_error=result.is_error,
+            metadata=result.metadata,
+            worker="orchestrator",
+            attempts=0,
         )
 
     async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
@@ -214,8 +232,11 @@ class JobRun:
                 max_deliveries=self.s.settings.max_deliveries,
             )
             await self.emit(
-                "tool_call_queued", call_id=ready.call.id, name=ready.tool.name,
-                input=envelope.input, queue=queue,
+                "tool_call_queued",
+                call_id=ready.call.id,
+                name=ready.tool.name,
+                input=envelope.input,
+                queue=queue,
             )
             outcome = await self.s.dispatcher.call(envelope, queue)
             await self.emit_finished(ready.call, outcome)
@@ -223,8 +244,12 @@ class JobRun:
 
     async def emit_finished(self, call: ToolCall, outcome: CallOutcome) -> None:
         await self.emit(
-            "tool_call_finished", call_id=call.id, name=call.name, is_error=outcome.is_error,
-            output=outcome.for_llm[:EVENT_OUTPUT_CHARS], queue=outcome.queue,
+            "tool_call_finished",
+            call_id=call.id,
+            name=call.name,
+            is_error=outcome.is_error,
+            output=outcome.for_llm[:EVENT_OUTPUT_CHARS],
+            queue=outcome.queue,
             worker=outcome.worker,
         )
 

@@ -49,7 +49,7 @@ class Stack:
             while time.monotonic() < deadline:
                 for proc in self.procs:
                     if proc.poll() is not None:
-                        raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+                        raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
                 live = live_processes(client)
                 orchestrators = [p for p in live if p.get("kind") == "orchestrator"]
                 queues = {p.get("queue") for p in live if p.get("kind") == "worker"}

@@ -49,7 +49,15 @@ class WorkerRuntime:
             settings.heartbeat_ttl_s,
         )
         heartbeat.start()
-        return cls(settings, registry, queue, proc_id, client, Ledger(client, settings.ledger_ttl_s), heartbeat)
+        return cls(
+            settings,
+            registry,
+            queue,
+            proc_id,
+            client,
+            Ledger(client, settings.ledger_ttl_s),
+            heartbeat,
+        )
 
     def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
         """Execute (or answer from the ledger) and push the outcome; None if skipped."""
@@ -132,7 +140,9 @@ def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) ->
 _runtime: WorkerRuntime | None = None
 
 
-def runtime_for_process(settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
+def runtime_for_process(
+    settings: Settings, registry: Registry, queue: str, node: str
+) -> WorkerRuntime:
     """This process's runtime, created once after fork (never inherited from a parent)."""
     global _runtime
     if _runtime is None or _runtime.heartbeat.info["pid"] != os.getpid():

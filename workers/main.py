@@ -25,12 +25,17 @@ def run_worker(
     app.worker_main(
         [
             "worker",
-            "-Q", group,
-            "-n", f"{group}.{os.getpid()}@%h",
+            "-Q",
+            group,
+            "-n",
+            f"{group}.{os.getpid()}@%h",
             "--without-gossip",
             "--without-mingle",
-            "-P", pool or settings.worker_pool,
-            "-c", str(concurrency or settings.worker_concurrency),
-            "-l", log_level.upper(),
+            "-P",
+            pool or settings.worker_pool,
+            "-c",
+            str(concurrency or settings.worker_concurrency),
+            "-l",
+            log_level.upper(),
         ]
     )

@@ -45,9 +45,7 @@ class Workspace:
         candidate = path if os.path.isabs(path) else os.path.join(self.root, path)
         lexical = os.path.normpath(candidate)
         if not self.contains(lexical):
-            raise ToolError(
-                f"'{path}' is outside the workspace {self.root}; use a path inside it"
-            )
+            raise ToolError(f"'{path}' is outside the workspace {self.root}; use a path inside it")
         real = os.path.realpath(candidate)
         if not self.contains(real):
             raise ToolError(

@@ -57,7 +57,9 @@ class Registry:
     def register(self, *tools: type[Tool[Any]]) -> None:
         problems = [p for tool in tools for p in _problems(tool)]
         names = [t.name for t in tools] + list(self._tools)
-        problems += [f"{n}: registered twice" for n in sorted({n for n in names if names.count(n) > 1})]
+        problems += [
+            f"{n}: registered twice" for n in sorted({n for n in names if names.count(n) > 1})
+        ]
         if problems:
             raise DeclarationError("invalid tool declarations:\n  " + "\n  ".join(problems))
         for tool in tools:

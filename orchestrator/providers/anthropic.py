@@ -19,6 +19,7 @@ def to_anthropic(messages: list[Message]) -> list[dict[str, Any]]:
     """Anthropic wants alternating roles and tool results inside user messages."""
     out: list[dict[str, Any]] = []
     for m in messages:
+        blocks: list[dict[str, Any]]
         if m.role == "user":
             role, blocks = "user", [{"type": "text", "text": m.text}]
         elif m.role == "assistant":
@@ -31,8 +32,12 @@ def to_anthropic(messages: list[Message]) -> list[dict[str, Any]]:
         else:
             role = "user"
             blocks = [
-                {"type": "tool_result", "tool_use_id": r.call_id, "content": r.content,
-                 "is_error": r.is_error}
+                {
+                    "type": "tool_result",
+                    "tool_use_id": r.call_id,
+                    "content": r.content,
+                    "is_error": r.is_error,
+                }
                 for r in m.results
             ]
         if out and out[-1]["role"] == role:
@@ -48,7 +53,9 @@ class AnthropicProvider:
         self.http = http
         self.model = model
 
-    async def complete(self, request: ModelRequest, on_tool_call: OnToolCall | None = None) -> Message:
+    async def complete(
+        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+    ) -> Message:
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.settings.anthropic_max_tokens,
@@ -86,7 +93,9 @@ class AnthropicProvider:
                     block = blocks.pop(event["index"], {})
                     if block.get("type") == "tool_use":
                         args, bad = parse_arguments(block["json"])
-                        call = ToolCall(id=block["id"], name=block["name"], input=args, raw_input=bad)
+                        call = ToolCall(
+                            id=block["id"], name=block["name"], input=args, raw_input=bad
+                        )
                         calls.append(call)
                         if on_tool_call:
                             await on_tool_call(call)

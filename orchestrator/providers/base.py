@@ -25,7 +25,9 @@ class ModelRequest:
 
 
 class ModelProvider(Protocol):
-    async def complete(self, request: ModelRequest, on_tool_call: OnToolCall | None = None) -> Message:
+    async def complete(
+        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+    ) -> Message:
         """The assistant's next message. Streaming providers call `on_tool_call` as soon as
         each tool call is complete in the stream, before the turn ends."""
         ...

@@ -31,7 +31,11 @@ def _is_retryable(exc: BaseException) -> bool:
 
 @asynccontextmanager
 async def stream_events(
-    http: httpx.AsyncClient, provider: str, url: str, headers: dict[str, str], body: dict[str, Any],
+    http: httpx.AsyncClient,
+    provider: str,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
     timeout: float,
 ) -> AsyncIterator[EventSource]:
     """An open SSE stream; connection failures and retryable statuses are retried first."""

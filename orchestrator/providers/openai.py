@@ -25,7 +25,10 @@ def to_openai(system: str, messages: list[Message]) -> list[dict[str, Any]]:
                     {
                         "id": c.id,
                         "type": "function",
-                        "function": {"name": c.name, "arguments": c.raw_input or json.dumps(c.input)},
+                        "function": {
+                            "name": c.name,
+                            "arguments": c.raw_input or json.dumps(c.input),
+                        },
                     }
                     for c in m.tool_calls
                 ]
@@ -43,7 +46,9 @@ class OpenAIProvider:
         self.http = http
         self.model = model
 
-    async def complete(self, request: ModelRequest, on_tool_call: OnToolCall | None = None) -> Message:
+    async def complete(
+        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+    ) -> Message:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": to_openai(request.system, request.messages),

@@ -31,7 +31,9 @@ def parse_script(raw: Any) -> Script:
     try:
         return Script.model_validate(raw)
     except ValidationError as exc:
-        raise ModelError(f"invalid script: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+        raise ModelError(
+            f"invalid script: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}"
+        ) from None
 
 
 class ScriptedProvider:
@@ -40,7 +42,9 @@ class ScriptedProvider:
             raise ModelError("the scripted model needs a script")
         self.script = parse_script(script)
 
-    async def complete(self, request: ModelRequest, on_tool_call: OnToolCall | None = None) -> Message:
+    async def complete(
+        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+    ) -> Message:
         if request.turn >= len(self.script.turns):
             raise ModelError(
                 f"the script has {len(self.script.turns)} turns and turn {request.turn + 1} was "

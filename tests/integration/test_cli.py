@@ -45,23 +45,52 @@ def test_up_status_and_run_json(up: dict[str, str], workspace: Path, tmp_path: P
     assert all(w["queue"] == "fs" for w in report["queues"]["fs"])
 
     script = tmp_path / "script.json"
-    script.write_text(json.dumps({"turns": [
-        {"tool_calls": [
-            {"id": "w", "name": "write_file", "input": {"path": "a.txt", "content": "hi\n"}},
-            {"id": "x", "name": "exec", "input": {"command": "cat a.txt"}},
-        ]},
-        {"text": "all done"},
-    ]}))
+    script.write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {
+                        "tool_calls": [
+                            {
+                                "id": "w",
+                                "name": "write_file",
+                                "input": {"path": "a.txt", "content": "hi\n"},
+                            },
+                            {"id": "x", "name": "exec", "input": {"command": "cat a.txt"}},
+                        ]
+                    },
+                    {"text": "all done"},
+                ]
+            }
+        )
+    )
     out = subprocess.run(
-        [*CLAWQ, "run", "--model", "scripted", "--script", str(script), "--workspace",
-         str(workspace), "--allow", "exec", "--json", "write and show"],
-        env=up, capture_output=True, text=True, timeout=120,
+        [
+            *CLAWQ,
+            "run",
+            "--model",
+            "scripted",
+            "--script",
+            str(script),
+            "--workspace",
+            str(workspace),
+            "--allow",
+            "exec",
+            "--json",
+            "write and show",
+        ],
+        env=up,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)  # exactly one JSON object, nothing else on stdout
     assert set(result) >= {"job_id", "status", "final_text", "iterations", "tool_calls"}
     assert (result["status"], result["final_text"], result["iterations"]) == (
-        "completed", "all done", 2
+        "completed",
+        "all done",
+        2,
     )
     write, run = result["tool_calls"]
     assert set(write) >= {"id", "name", "input", "is_error", "output", "queue", "worker"}
@@ -69,7 +98,10 @@ def test_up_status_and_run_json(up: dict[str, str], workspace: Path, tmp_path: P
     assert write["worker"] != run["worker"]
     assert run["output"].startswith("hi\n")
     live_pids = {w["pid"] for q in report["queues"].values() for w in q}
-    assert {int(write["worker"].rsplit(":", 1)[1]), int(run["worker"].rsplit(":", 1)[1])} <= live_pids
+    assert {
+        int(write["worker"].rsplit(":", 1)[1]),
+        int(run["worker"].rsplit(":", 1)[1]),
+    } <= live_pids
 
 
 def test_run_rejects_bad_input_clearly(up: dict[str, str], workspace: Path, tmp_path: Path) -> None:
@@ -77,7 +109,10 @@ def test_run_rejects_bad_input_clearly(up: dict[str, str], workspace: Path, tmp_
     bad.write_text(json.dumps({"turns": []}))
     out = subprocess.run(
         [*CLAWQ, "run", "--script", str(bad), "--workspace", str(workspace), "--json", "x"],
-        env=up, capture_output=True, text=True, timeout=60,
+        env=up,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2
     assert "invalid script" in out.stderr and out.stdout == ""

@@ -48,8 +48,14 @@ def test_events_are_typed_ordered_and_resumable(cluster: Cluster, workspace: Pat
     seen = list(job.events())
     types = [e.type for e in seen]
     assert types == [
-        "job_queued", "job_started", "turn_started", "tool_call_queued",
-        "tool_call_finished", "turn_started", "model_text", "job_finished",
+        "job_queued",
+        "job_started",
+        "turn_started",
+        "tool_call_queued",
+        "tool_call_finished",
+        "turn_started",
+        "model_text",
+        "job_finished",
     ]
     assert seen[-1].data["status"] == "completed"
     resumed = list(job.events(after=seen[3].id))
@@ -86,7 +92,8 @@ def test_bad_calls_become_error_results_and_the_job_goes_on(
 
 def test_running_out_of_turns_fails_clearly(cluster: Cluster, workspace: Path) -> None:
     job = cluster.client.submit(
-        "x", workspace=str(workspace),
+        "x",
+        workspace=str(workspace),
         script=script({"tool_calls": [call("l", "list_files")]}),
     )
     result = job.wait(timeout=60)

@@ -61,7 +61,10 @@ def request(messages: list[Message] | None = None, turn: int = 0) -> ModelReques
 
 
 def complete(
-    model: str, settings: Settings, req: ModelRequest, log: list[Any] | None = None,
+    model: str,
+    settings: Settings,
+    req: ModelRequest,
+    log: list[Any] | None = None,
     on_call: Any = None,
 ) -> Message:
     """One turn through `provider_for(model)`; with `log`, tool calls and the end of the
@@ -99,9 +102,7 @@ def openai_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dic
         "object": "chat.completion.chunk",
         "created": 1737047321,
         "model": "gpt-4o-mini-2024-07-18",
-        "choices": [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        ],
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
     }
 
 
@@ -118,21 +119,55 @@ def tool_delta(
 
 def anthropic_tool_stream(partial_json: list[str]) -> str:
     return sse(
-        ("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 1}}}),
-        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {
-            "type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {}}}),
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "claude-sonnet-4-5",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 10, "output_tokens": 1},
+                },
+            },
+        ),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "read_file",
+                    "input": {},
+                },
+            },
+        ),
         *[
-            ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                     "delta": {"type": "input_json_delta", "partial_json": p}})
+            (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": p},
+                },
+            )
             for p in partial_json
         ],
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta",
-                           "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-                           "usage": {"output_tokens": 5}}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                "usage": {"output_tokens": 5},
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     )
 
@@ -228,11 +263,13 @@ def test_openai_tool_calls_parsed_in_order(model_server: ModelServer, provider_s
     assert reply.text == "Let me look at the project first."
     assert reply.tool_calls == [
         ToolCall(
-            id="call_Vb3kQ9xLmN2pR7tY4wZs1aEd", name="read_file",
+            id="call_Vb3kQ9xLmN2pR7tY4wZs1aEd",
+            name="read_file",
             input={"path": "README.md", "limit": 40},
         ),
         ToolCall(
-            id="call_Hq8sDf2GjK5lP0oI9uY6tRe3", name="exec",
+            id="call_Hq8sDf2GjK5lP0oI9uY6tRe3",
+            name="exec",
             input={"command": "ls -la src", "working_dir": "."},
         ),
     ]
@@ -310,9 +347,17 @@ def test_openai_error_chunk_in_stream(model_server: ModelServer, provider_settin
 
 
 def test_openai_http_400_not_retried(model_server: ModelServer, provider_settings: Settings):
-    model_server.reply_json(400, {"error": {
-        "message": "Invalid 'messages[2].tool_calls': empty array.",
-        "type": "invalid_request_error", "param": "messages", "code": "empty_array"}})
+    model_server.reply_json(
+        400,
+        {
+            "error": {
+                "message": "Invalid 'messages[2].tool_calls': empty array.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "empty_array",
+            }
+        },
+    )
     with pytest.raises(ModelError, match="HTTP 400") as info:
         complete("openai", provider_settings, request())
     assert "openai returned HTTP 400" in str(info.value)
@@ -351,18 +396,32 @@ def test_anthropic_request_wire_format(model_server: ModelServer, provider_setti
     # following user text is merged into that same user message after them
     assert body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "What is in the project?"}]},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Let me look."},
-            {"type": "tool_use", "id": "call_1", "name": "exec", "input": {"command": "ls"}},
-            {"type": "tool_use", "id": "call_2", "name": "read_file", "input": {}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "call_1", "content": "README.md\nsrc",
-             "is_error": False},
-            {"type": "tool_result", "tool_use_id": "call_2", "content": "Invalid input",
-             "is_error": True},
-            {"type": "text", "text": "Summarise it."},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "call_1", "name": "exec", "input": {"command": "ls"}},
+                {"type": "tool_use", "id": "call_2", "name": "read_file", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "call_1",
+                    "content": "README.md\nsrc",
+                    "is_error": False,
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "call_2",
+                    "content": "Invalid input",
+                    "is_error": True,
+                },
+                {"type": "text", "text": "Summarise it."},
+            ],
+        },
     ]
 
 
@@ -384,8 +443,10 @@ def test_anthropic_consecutive_user_messages_merged(
     assert "system" not in body
     assert "tools" not in body
     assert body["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "first"},
-                                     {"type": "text", "text": "second"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}],
+        },
         {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
         {"role": "user", "content": [{"type": "text", "text": "third"}]},
     ]
@@ -402,19 +463,23 @@ def test_anthropic_text_only(model_server: ModelServer, provider_settings: Setti
     assert log == ["end"]
 
 
-def test_anthropic_tool_use_parsed_in_order(
-    model_server: ModelServer, provider_settings: Settings
-):
+def test_anthropic_tool_use_parsed_in_order(model_server: ModelServer, provider_settings: Settings):
     model_server.reply_fixture("anthropic_tool_use.sse")
     log: list[Any] = []
     reply = complete("anthropic", provider_settings, request(), log)
 
     assert reply.text == "I'll read the README and list the source tree."
     assert reply.tool_calls == [
-        ToolCall(id="toolu_01T1x1fJ34qAmk2tNTrN7Up6", name="read_file",
-                 input={"path": "README.md", "limit": 40}),
-        ToolCall(id="toolu_01PqR4sTuV5wXyZ6aBcD7eFg", name="exec",
-                 input={"command": "ls -la src", "working_dir": "."}),
+        ToolCall(
+            id="toolu_01T1x1fJ34qAmk2tNTrN7Up6",
+            name="read_file",
+            input={"path": "README.md", "limit": 40},
+        ),
+        ToolCall(
+            id="toolu_01PqR4sTuV5wXyZ6aBcD7eFg",
+            name="exec",
+            input={"command": "ls -la src", "working_dir": "."},
+        ),
     ]
     assert log == ["toolu_01T1x1fJ34qAmk2tNTrN7Up6", "toolu_01PqR4sTuV5wXyZ6aBcD7eFg", "end"]
 
@@ -468,12 +533,26 @@ def test_anthropic_tool_use_without_input_deltas(
 
 def test_anthropic_error_event_in_stream(model_server: ModelServer, provider_settings: Settings):
     body = sse(
-        ("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 1}}}),
-        ("error", {"type": "error",
-                   "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "claude-sonnet-4-5",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 10, "output_tokens": 1},
+                },
+            },
+        ),
+        (
+            "error",
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        ),
     )
     model_server.reply_sse(body)
     with pytest.raises(ModelError, match=r"anthropic stream error.*overloaded_error"):
@@ -482,8 +561,13 @@ def test_anthropic_error_event_in_stream(model_server: ModelServer, provider_set
 
 
 def test_anthropic_http_400_not_retried(model_server: ModelServer, provider_settings: Settings):
-    model_server.reply_json(400, {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "max_tokens: Field required"}})
+    model_server.reply_json(
+        400,
+        {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
+        },
+    )
     with pytest.raises(ModelError) as info:
         complete("anthropic", provider_settings, request())
     message = str(info.value)
@@ -495,8 +579,16 @@ def test_anthropic_http_400_not_retried(model_server: ModelServer, provider_sett
 def test_anthropic_http_429_then_success_is_retried(
     model_server: ModelServer, provider_settings: Settings
 ):
-    model_server.reply_json(429, {"type": "error", "error": {
-        "type": "rate_limit_error", "message": "Number of request tokens exceeded your limit."}})
+    model_server.reply_json(
+        429,
+        {
+            "type": "error",
+            "error": {
+                "type": "rate_limit_error",
+                "message": "Number of request tokens exceeded your limit.",
+            },
+        },
+    )
     model_server.reply_fixture("anthropic_tool_use.sse")
     reply = complete("anthropic", provider_settings, request())
 
@@ -543,10 +635,13 @@ def test_unknown_model_kind():
 
 SCRIPT = {
     "turns": [
-        {"text": "Reading.", "tool_calls": [
-            {"id": "t1", "name": "read_file", "input": {"path": "a.txt"}},
-            {"id": "t2", "name": "exec", "input": {"command": "ls"}},
-        ]},
+        {
+            "text": "Reading.",
+            "tool_calls": [
+                {"id": "t1", "name": "read_file", "input": {"path": "a.txt"}},
+                {"id": "t2", "name": "exec", "input": {"command": "ls"}},
+            ],
+        },
         {"text": "All done."},
     ]
 }

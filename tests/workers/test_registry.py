@@ -28,9 +28,11 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
     registry = default_registry()
     openai = {t["function"]["name"]: t["function"] for t in registry.openai_tools()}
     anthropic = {t["name"]: t for t in registry.anthropic_tools()}
-    assert set(openai) == set(anthropic) == {
-        "read_file", "write_file", "edit_file", "list_files", "search", "glob", "exec"
-    }
+    assert (
+        set(openai)
+        == set(anthropic)
+        == {"read_file", "write_file", "edit_file", "list_files", "search", "glob", "exec"}
+    )
     schema = openai["edit_file"]["parameters"]
     assert schema["required"] == ["path", "old_string", "new_string"]
     assert anthropic["edit_file"]["input_schema"] == schema

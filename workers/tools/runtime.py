@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO
+from typing import IO, Any
 
 from pydantic import Field
 
@@ -106,10 +107,8 @@ def _die_with_parent() -> None:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _Capture:
@@ -140,4 +139,4 @@ class _Capture:
         return body + (TRUNCATED.format(cap=self.cap) if self.truncated else "")
 
 
-TOOLS = [Exec]
+TOOLS: list[type[Tool[Any]]] = [Exec]

@@ -15,7 +15,6 @@ from workers.paths import PROTECTED_DIRS, Workspace
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import workspace
 
-
 GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.MATCHBASE | wcglob.BRACE  # '*.py' matches at any depth
 
 

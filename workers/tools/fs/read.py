@@ -67,7 +67,9 @@ class ReadFile(Tool[ReadFileInput]):
                 size += len(entry) + 1
                 last = number
         if not footer and last < total:
-            footer = f"[showed lines {args.offset}-{last} of {total}; read on with offset={last + 1}]"
+            footer = (
+                f"[showed lines {args.offset}-{last} of {total}; read on with offset={last + 1}]"
+            )
         if not out and total and args.offset > total:
             return ToolResult.error(f"offset {args.offset} is past the end ({total} lines)")
         text = "\n".join(out) if out else "[empty file]"

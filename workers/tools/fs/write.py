@@ -17,7 +17,9 @@ class WriteFileInput(ToolInput):
 
 class WriteFile(Tool[WriteFileInput]):
     name = "write_file"
-    description = "Write a text file in the workspace (created with its directories), or append to it."
+    description = (
+        "Write a text file in the workspace (created with its directories), or append to it."
+    )
     group = Group.fs
     input_model = WriteFileInput
     side_effect = SideEffect.write
