@@ -36,6 +36,7 @@ if redis.call('HGET', KEYS[1], 'status') == 'done' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'done', 'outcome', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 

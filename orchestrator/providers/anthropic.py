@@ -40,6 +40,8 @@ def to_anthropic(messages: list[Message]) -> list[dict[str, Any]]:
                 }
                 for r in m.results
             ]
+        if not blocks:
+            continue  # the API rejects empty content (an empty turn carries nothing)
         if out and out[-1]["role"] == role:
             out[-1]["content"] += blocks
         else:

@@ -705,3 +705,32 @@ def test_scripted_invalid_script(script: Any, detail: str):
 def test_scripted_needs_a_script():
     with pytest.raises(ModelError, match="needs a script"):
         ScriptedProvider(None)
+
+
+def test_malformed_stream_is_a_model_error(
+    model_server: ModelServer, provider_settings: Settings
+) -> None:
+    model_server.reply_sse("data: {not json\n\n")
+    with pytest.raises(ModelError, match="openai sent a malformed stream"):
+        complete("openai", provider_settings, request())
+    model_server.reply_sse(sse(("content_block_delta", {"type": "content_block_delta"})))
+    with pytest.raises(ModelError, match="anthropic sent a malformed stream"):
+        complete("anthropic", provider_settings, request())
+
+
+def test_empty_assistant_turn_is_not_sent_to_anthropic() -> None:
+    from orchestrator.providers.anthropic import to_anthropic
+
+    converted = to_anthropic(
+        [
+            Message(role="user", text="hi"),
+            Message(role="assistant"),
+            Message(role="user", text="again"),
+        ]
+    )
+    assert converted == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "again"}],
+        }
+    ]

@@ -1,0 +1,198 @@
+"""Agent jobs driven by the real OpenAI and Anthropic providers, through the whole stack,
+against recorded wire-format streams served by a local HTTP server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Cluster, start_cluster
+from tests.orchestrator.conftest import ModelServer
+
+
+def sse(events: list[tuple[str | None, dict[str, Any]]], done: bool = False) -> str:
+    out = []
+    for name, data in events:
+        out.append((f"event: {name}\n" if name else "") + f"data: {json.dumps(data)}\n\n")
+    return "".join(out) + ("data: [DONE]\n\n" if done else "")
+
+
+def openai(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict[str, Any]]:
+    chunk = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return None, chunk
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ModelServer]:
+    srv = ModelServer()
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(server: ModelServer) -> Iterator[Cluster]:
+    yield from start_cluster(
+        openai_base_url=f"{server.url}/v1",
+        openai_api_key="sk-test",
+        anthropic_base_url=server.url,
+        anthropic_api_key="ak-test",
+    )
+
+
+def test_openai_job(cluster: Cluster, server: ModelServer, workspace: Path) -> None:
+    args = json.dumps({"path": "hello.txt", "content": "hi from openai"})
+    server.reply_sse(
+        sse(
+            [
+                openai({"role": "assistant", "content": "Writing it."}),
+                openai(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_abc",
+                                "type": "function",
+                                "function": {"name": "write_file", "arguments": ""},
+                            }
+                        ]
+                    }
+                ),
+                openai({"tool_calls": [{"index": 0, "function": {"arguments": args[:12]}}]}),
+                openai({"tool_calls": [{"index": 0, "function": {"arguments": args[12:]}}]}),
+                openai({}, finish="tool_calls"),
+            ],
+            done=True,
+        )
+    )
+    server.reply_sse(sse([openai({"content": "Done: hello.txt"}), openai({}, "stop")], done=True))
+    start = len(server.requests)
+    job = cluster.client.submit("write hello", model="openai:gpt-test", workspace=str(workspace))
+    result = job.wait(timeout=60)
+    assert (result.status, result.final_text) == ("completed", "Done: hello.txt")
+    assert (workspace / "hello.txt").read_text() == "hi from openai"
+    first, second = server.requests[start:]
+    assert first.path == "/v1/chat/completions" and first.body["model"] == "gpt-test"
+    assert {t["function"]["name"] for t in first.body["tools"]} >= {"write_file", "exec"}
+    assistant, tool = second.body["messages"][-2:]
+    assert assistant["tool_calls"][0]["id"] == "call_abc"
+    assert tool == {
+        "role": "tool",
+        "tool_call_id": "call_abc",
+        "content": "wrote 14 bytes to hello.txt",
+    }
+
+
+def test_anthropic_job(cluster: Cluster, server: ModelServer, workspace: Path) -> None:
+    (workspace / "notes.md").write_text("- milk\n")
+    start_msg = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude",
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1},
+        },
+    }
+    server.reply_sse(
+        sse(
+            [
+                ("message_start", start_msg),
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {
+                            "type": "tool_use",
+                            "id": "toolu_1",
+                            "name": "read_file",
+                            "input": {},
+                        },
+                    },
+                ),
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "input_json_delta", "partial_json": '{"path": "no'},
+                    },
+                ),
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "input_json_delta", "partial_json": 'tes.md"}'},
+                    },
+                ),
+                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                (
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": "tool_use"},
+                        "usage": {"output_tokens": 20},
+                    },
+                ),
+                ("message_stop", {"type": "message_stop"}),
+            ]
+        )
+    )
+    server.reply_sse(
+        sse(
+            [
+                ("message_start", start_msg),
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                ),
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": "One item: milk."},
+                    },
+                ),
+                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                ("message_stop", {"type": "message_stop"}),
+            ]
+        )
+    )
+    start = len(server.requests)
+    job = cluster.client.submit("what's in my notes?", model="anthropic", workspace=str(workspace))
+    result = job.wait(timeout=60)
+    assert (result.status, result.final_text) == ("completed", "One item: milk.")
+    first, second = server.requests[start:]
+    assert first.path == "/v1/messages" and first.headers["x-api-key"] == "ak-test"
+    result_block = second.body["messages"][-1]["content"][0]
+    assert result_block["type"] == "tool_result" and result_block["tool_use_id"] == "toolu_1"
+    assert "- milk" in result_block["content"] and result_block["is_error"] is False
+
+
+def test_provider_error_fails_the_job_clearly(
+    cluster: Cluster, server: ModelServer, workspace: Path
+) -> None:
+    server.reply_json(401, {"error": {"message": "invalid api key"}})
+    job = cluster.client.submit("x", model="openai", workspace=str(workspace))
+    result = job.wait(timeout=60)
+    assert result.status == "failed"
+    assert "HTTP 401" in result.error and "invalid api key" in result.error
