@@ -124,6 +124,10 @@ class Client:
             raise ClientError("prompt is empty")
         if not os.path.isabs(workspace):
             raise ClientError(f"workspace must be an absolute path, got '{workspace}'")
+        if model.partition(":")[0] not in ("scripted", "openai", "anthropic"):
+            raise ClientError(
+                f"unknown model '{model}': use scripted, openai[:name] or anthropic[:name]"
+            )
         if model == "scripted":
             try:
                 parse_script(script)

@@ -144,11 +144,11 @@ class Orchestrator:
             return
         if row["status"] in FINAL_STATUSES:
             return
+        await self.slots.acquire()  # before the lease: a waiting job's lease would lapse
         claimed = await self.redis.set(keys.lease(job_id), self.id, nx=True, px=self._lease_ms)
-        if not claimed and (await self.redis.get(keys.lease(job_id))) != self.id.encode():
-            return
-        await self.slots.acquire()
-        if not await self.store.start_job(job_id, self.id):
+        if not claimed or not await self.store.start_job(job_id, self.id):
+            if claimed:
+                await self.redis.delete(keys.lease(job_id))
             self.slots.release()
             return
         spec = JobSpec.model_validate(row["spec"])

@@ -140,6 +140,12 @@ def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) ->
 _runtime: WorkerRuntime | None = None
 
 
+def stop_runtime() -> None:
+    """Remove this process's presence at a clean exit (a crash lets it expire)."""
+    if _runtime is not None and _runtime.heartbeat.info["pid"] == os.getpid():
+        _runtime.stop()
+
+
 def runtime_for_process(
     settings: Settings, registry: Registry, queue: str, node: str
 ) -> WorkerRuntime:

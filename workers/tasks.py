@@ -13,7 +13,7 @@ from celery import Celery, signals
 
 from broker.messages import CallEnvelope
 from broker.settings import Settings
-from workers.execute import WorkerRuntime, runtime_for_process
+from workers.execute import WorkerRuntime, runtime_for_process, stop_runtime
 from workers.registry import Registry
 
 TASK_PREFIX = "clawq.tool."
@@ -53,4 +53,4 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
         lambda sender=None, **_: runtime() if app.conf.worker_pool != "prefork" else None,
         weak=False,
     )
-    signals.worker_process_shutdown.connect(lambda **_: runtime().stop(), weak=False)
+    signals.worker_process_shutdown.connect(lambda **_: stop_runtime(), weak=False)

@@ -63,7 +63,9 @@ async def stream_events(
                         except httpx.TransportError as exc:  # mid-stream: not retried
                             raise ModelError(f"{provider} stream broke: {exc}") from exc
                         except (ValueError, KeyError, TypeError, IndexError) as exc:
-                            raise ModelError(f"{provider} sent a malformed stream: {exc!r}") from exc
+                            raise ModelError(
+                                f"{provider} sent a malformed stream: {exc!r}"
+                            ) from exc
                         return
                 except httpx.TransportError:
                     raise

@@ -28,6 +28,8 @@ class Script(BaseModel):
 
 
 def parse_script(raw: Any) -> Script:
+    if raw is None:
+        raise ModelError('the scripted model needs a script: {"turns": [{"text": "..."}]}')
     try:
         return Script.model_validate(raw)
     except ValidationError as exc:
@@ -38,8 +40,6 @@ def parse_script(raw: Any) -> Script:
 
 class ScriptedProvider:
     def __init__(self, script: dict[str, Any] | None) -> None:
-        if script is None:
-            raise ModelError("the scripted model needs a script")
         self.script = parse_script(script)
 
     async def complete(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import Cluster
 
 
@@ -155,3 +157,25 @@ def test_cancel_ends_the_job_cancelled(cluster: Cluster, workspace: Path) -> Non
     result = job.wait(timeout=30)
     assert result.status == "cancelled"
     assert not (workspace / "second_turn").exists()
+
+
+def test_submit_rejects_bad_input_and_queues_nothing(cluster: Cluster, workspace: Path) -> None:
+    from orchestrator.client import ClientError
+
+    good = script({"text": "x"})
+    bad = [
+        ({"prompt": " ", "workspace": str(workspace), "script": good}, "prompt is empty"),
+        ({"prompt": "x", "workspace": "relative/ws", "script": good}, "absolute path"),
+        ({"prompt": "x", "workspace": str(workspace), "model": "gpt5"}, "unknown model"),
+        ({"prompt": "x", "workspace": str(workspace), "script": {"turns": []}}, "invalid script"),
+        ({"prompt": "x", "workspace": str(workspace)}, "needs a script"),
+    ]
+    for kwargs, message in bad:
+        prompt = kwargs.pop("prompt")
+        with pytest.raises(ClientError, match=message):
+            cluster.client.submit(prompt, **kwargs)  # type: ignore[arg-type]
+    count = cluster.client.store.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()
+    before = count["n"] if count else 0
+    cluster.client.submit("ok", workspace=str(workspace), script=good).wait(timeout=30)
+    after = cluster.client.store.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()
+    assert after is not None and after["n"] == before + 1
