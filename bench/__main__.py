@@ -149,6 +149,7 @@ class Bench:
         await asyncio.gather(*(one(i) for i in range(n_concurrent)))
         rate = n_concurrent / (time.perf_counter() - started)
         listen.cancel()
+        await asyncio.gather(listen, return_exceptions=True)
         await client.aclose()
         await listener.aclose()
         return times, rate
