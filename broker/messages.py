@@ -39,6 +39,9 @@ class CallContext(BaseModel):
     writable_paths: list[str] = Field(
         default_factory=list, description="protected patterns (e.g. .git/**) made writable"
     )
+    hidden_paths: list[str] = Field(
+        default_factory=list, description="workspace globs that read tools must not read"
+    )
 
 
 class CallEnvelope(BaseModel):

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from broker.policy_config import HooksConfig, PermissionRules, ToolPolicy
+
 
 class Settings(BaseSettings):
     """All of clawq's configuration; each field is `CLAWQ_<NAME>` in the environment."""
@@ -49,6 +51,18 @@ class Settings(BaseSettings):
     ledger_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="hot ledger entries in Redis")
     events_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="job event streams in Redis")
     visibility_timeout_s: int = Field(3600, ge=60, description="above the longest hard limit")
+
+    # what the model may call (JSON in the environment)
+    tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
+    permissions: PermissionRules = Field(
+        default_factory=PermissionRules, description="managed rules: the highest source"
+    )
+    agent_permissions: dict[str, PermissionRules] = Field(default_factory=dict)
+    user_permissions: dict[str, PermissionRules] = Field(default_factory=dict)
+    hooks: HooksConfig = Field(default_factory=HooksConfig)
+    approval_timeout_s: float = Field(120.0, gt=0, description="unanswered approval → deny")
+    rate_limit_per_hour: int = Field(150, ge=0, description="tool calls per session; 0: off")
+    max_spawn_depth: int = Field(1, ge=0, description="subagent nesting depth")
 
     # workers
     worker_concurrency: int = Field(4, ge=1)

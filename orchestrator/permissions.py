@@ -1,34 +1,115 @@
-"""Interim permission gate: a tool whose default is "ask" runs only if the job allows it.
+"""Permission resolution: one decision per call, from every source, fail closed.
 
-There is no approver yet, so "ask" fails closed. The full rule engine (sources, modes,
-hooks, approvals) replaces this module.
+Order (agent-tool-architecture.md, "Permission rules are resolved, not overridden"):
+deny rules (final, whatever their source) → ask rules → the tool's own checks → safety
+checks (protected paths, never auto-approved) → permission mode → allow rules → the tool's
+default. Hooks tighten: a hook's deny is final, its ask asks, its allow counts as an allow
+rule and so skips neither a deny nor an ask rule.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from workers.tool import Tool
+from broker.messages import Group
+from broker.policy_config import PermissionMode, PermissionRules
+from broker.settings import Settings
+from orchestrator.rules import Rule, rules_from
+from workers.tool import SideEffect, Tool, ToolInput
 
-RULE = re.compile(r"^(?P<tool>[A-Za-z0-9_-]+)(?:\((?P<spec>.*)\))?$")
-
-
-def denial(tool: Tool[Any], allow: list[str]) -> str | None:
-    """Why this call may not run, or None when it may."""
-    allowed = {m.group("tool") for rule in allow if (m := RULE.match(rule)) and not m.group("spec")}
-    if tool.name in allowed:
-        return None
-    if tool.default_permission == "allow":
-        return None
-    if tool.default_permission == "deny":
-        return f"{tool.name} is denied by policy."
-    return (
-        f"{tool.name} needs permission and this job has no approver: submit the job with "
-        f"allow=['{tool.name}'] (CLI: --allow {tool.name})."
-    )
+Behavior = Literal["allow", "ask", "deny"]
 
 
-def writable_paths(allow: list[str]) -> list[str]:
-    """Protected path patterns a job made writable, e.g. `write_file(.git/**)`."""
-    return [m.group("spec") for rule in allow if (m := RULE.match(rule)) and m.group("spec")]
+@dataclass(frozen=True)
+class Decision:
+    behavior: Behavior
+    layer: str  # rule, hook, tool, safety, mode, default, grant, approval, policy, rate_limit
+    reason: str
+    by: str = ""  # the rule, hook or person that decided
+
+
+@dataclass(frozen=True)
+class HookVerdict:
+    behavior: Behavior | None
+    reason: str = ""
+    source: str = ""
+
+
+def job_rules(
+    settings: Settings, job: PermissionRules, agent: str = "main", user: str = ""
+) -> list[Rule]:
+    """Rules of every source, highest first: managed, job, agent, user."""
+    sources = [
+        (settings.permissions, "managed"),
+        (job, "job"),
+        (settings.agent_permissions.get(agent, PermissionRules()), f"agent {agent}"),
+        (settings.user_permissions.get(user, PermissionRules()), f"user {user}"),
+    ]
+    return [rule for config, source in sources for rule in rules_from(config, source)]
+
+
+def decide(
+    tool: Tool[Any],
+    args: ToolInput,
+    rules: list[Rule],
+    mode: PermissionMode,
+    workspace: str,
+    hook: HookVerdict | None = None,
+) -> Decision:
+    def first(kind: str) -> Rule | None:
+        return next((r for r in rules if r.kind == kind and r.covers(tool, args, workspace)), None)
+
+    if denied := first("deny"):
+        return Decision(
+            "deny", "rule", f"{tool.name} is denied by the rule {denied.raw}", str(denied)
+        )
+    if hook and hook.behavior == "deny":
+        return Decision(
+            "deny", "hook", hook.reason or f"{tool.name} was blocked by a hook", hook.source
+        )
+    bypass = mode == "bypassPermissions"
+    if not bypass and (asked := first("ask")):
+        return Decision("ask", "rule", f"the rule {asked.raw} asks before {tool.name}", str(asked))
+    if hook and hook.behavior == "ask":
+        return Decision("ask", "hook", hook.reason or "a hook asks for approval", hook.source)
+    if verdict := tool.permission_check(args, workspace):
+        behavior, reason = verdict
+        if behavior == "deny" or (behavior == "ask" and not bypass):
+            return Decision(behavior, "tool", reason, tool.name)
+    if protected := tool.protected_paths(args, workspace):
+        return Decision(
+            "ask",
+            "safety",
+            f"{protected[0]} is a protected path; writes there are never approved automatically",
+            "protected paths",
+        )
+    if mode == "plan" and tool.side_effect != SideEffect.read:
+        return Decision(
+            "deny", "mode", f"plan mode allows read-only tools; {tool.name} is not", mode
+        )
+    if bypass:
+        return Decision("allow", "mode", "bypassPermissions", mode)
+    if mode == "acceptEdits" and tool.group == Group.fs:
+        return Decision("allow", "mode", "acceptEdits approves file edits", mode)
+    allows = [r for r in rules if r.kind == "allow" and r.names(tool)]
+    if allows and tool.allowed_by([r.specifier for r in allows], args, workspace):
+        used = ", ".join(r.raw for r in allows)
+        return Decision("allow", "rule", f"allowed by {used}", "; ".join(map(str, allows)))
+    if hook and hook.behavior == "allow":
+        return Decision("allow", "hook", hook.reason or "allowed by a hook", hook.source)
+    default = tool.default_permission
+    return Decision(default, "default", f"{tool.name} defaults to {default}", tool.name)
+
+
+def hidden_paths(rules: list[Rule], workspace: str) -> list[str]:
+    """Workspace globs that deny or ask rules on read tools keep from directory walks."""
+    from workers.paths import rule_pattern
+
+    out = []
+    for rule in rules:
+        if rule.kind != "allow" and rule.tool == "read_file" and rule.specifier:
+            pattern, absolute = rule_pattern(rule.specifier, workspace)
+            if not absolute:
+                out.append(pattern)
+    return out

@@ -14,15 +14,50 @@ import os
 import stat
 from pathlib import Path
 
+from wcmatch import glob as wcglob
+
 from workers.tool import ToolError
 
-PROTECTED_DIRS = frozenset({".git"})
+GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.DOTGLOB | wcglob.BRACE
+
+
+def path_matches(path: str, pattern: str) -> bool:
+    """gitignore-like: `secrets`, `secrets/` and `secrets/**` cover the directory and
+    everything below it."""
+    base = pattern.rstrip("/").removesuffix("/**")
+    return any(wcglob.globmatch(path, p, flags=GLOB_FLAGS) for p in (pattern, base, base + "/**"))
+
+
+def rule_pattern(specifier: str, workspace: str) -> tuple[str, bool]:
+    """A path rule's pattern and whether it is absolute: `//abs/**` is absolute, `~/x` is
+    in the home directory, `/x`, `./x` and `x` are relative to the workspace root."""
+    if specifier.startswith("//"):
+        return specifier[1:], True
+    if specifier.startswith("~/"):
+        return os.path.expanduser(specifier), True
+    return os.path.normpath(specifier.lstrip("/")).removeprefix("./"), False
+
+
+def path_rule_matches(specifier: str, path: str, workspace: str) -> bool:
+    """Whether a path rule covers `path` (as the tool was given it) in `workspace`."""
+    pattern, absolute = rule_pattern(specifier, workspace)
+    candidate = os.path.normpath(os.path.join(workspace, path))
+    if absolute:
+        return path_matches(candidate, pattern)
+    relative = os.path.relpath(candidate, os.path.normpath(workspace))
+    return not relative.startswith("..") and path_matches(relative, pattern)
+
+
+PROTECTED_DIRS = frozenset({".git", ".clawq"})  # version control; clawq's own config
+VCS_DIRS = frozenset({".git"})  # skipped by directory walks
 
 
 class Workspace:
     """The root a job's tools may touch, and the protected paths it may write."""
 
-    def __init__(self, root: str, writable: list[str] | None = None) -> None:
+    def __init__(
+        self, root: str, writable: list[str] | None = None, hidden: list[str] | None = None
+    ) -> None:
         if not root or not os.path.isabs(root):
             raise ToolError(f"workspace must be an absolute path, got '{root}'")
         real = os.path.realpath(root)
@@ -30,6 +65,7 @@ class Workspace:
             raise ToolError(f"workspace '{root}' does not exist or is not a directory")
         self.root = real
         self.writable = writable or []
+        self.hidden = hidden or []  # relative globs the job's rules keep from read tools
 
     def relative(self, real: str) -> str:
         rel = os.path.relpath(real, self.root)
@@ -52,10 +88,17 @@ class Workspace:
                 f"'{path}' goes through a symlink that points outside the workspace; "
                 "use a path inside it"
             )
+        if self.is_hidden(real):
+            raise ToolError(f"'{path}' is denied by a permission rule")
         if write:
             self._check_writable(path, real)
         self._check_links(path, real)
         return real
+
+    def is_hidden(self, real: str) -> bool:
+        return bool(self.hidden) and any(
+            path_matches(self.relative(real), pattern) for pattern in self.hidden
+        )
 
     def _check_writable(self, path: str, real: str) -> None:
         rel = self.relative(real)

@@ -17,6 +17,7 @@ from broker.messages import CallContext, Group
 from broker.settings import Settings
 
 Permission = Literal["allow", "ask", "deny"]
+RuleKind = Literal["allow", "ask", "deny"]
 
 
 class SideEffect(StrEnum):
@@ -82,3 +83,31 @@ class Tool(Generic[InputT]):
 
     def run(self, args: InputT, ctx: ToolContext) -> ToolResult:
         raise NotImplementedError
+
+    # -- permissions: each tool judges its own calls; the dispatcher knows none of this --
+
+    rule_names: ClassVar[tuple[str, ...]] = ()  # other rule names that govern this tool
+
+    def rule_matches(self, specifier: str, args: InputT, workspace: str, kind: RuleKind) -> bool:
+        """Whether the rule `<name>(specifier)` covers this call. A tool that does not
+        understand specifiers fails closed: deny and ask rules cover every call, allow
+        rules none."""
+        return kind != "allow"
+
+    def allowed_by(self, specifiers: list[str | None], args: InputT, workspace: str) -> bool:
+        """Whether these allow rules (None: the bare tool name) together cover the call."""
+        return any(
+            spec is None or self.rule_matches(spec, args, workspace, "allow") for spec in specifiers
+        )
+
+    def permission_check(self, args: InputT, workspace: str) -> tuple[Permission, str] | None:
+        """A tool-specific verdict (e.g. an unparseable command asks), or None."""
+        return None
+
+    def protected_paths(self, args: InputT, workspace: str) -> list[str]:
+        """Protected paths (.git/, .clawq/) this call would write; never auto-approved."""
+        return []
+
+    def rules_for(self, args: InputT, workspace: str) -> list[str]:
+        """The allow rules an "allow-always" answer stores for this call."""
+        return [self.name]

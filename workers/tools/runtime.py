@@ -10,13 +10,25 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import IO, Any
 
 from pydantic import Field
 
 from broker.messages import Group
 from broker.settings import Settings
-from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
+from workers.paths import PROTECTED_DIRS
+from workers.shell import ParsedShell, command_pattern, parse_shell
+from workers.tool import (
+    Permission,
+    RuleKind,
+    SideEffect,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolInput,
+    ToolResult,
+)
 from workers.tools.fs.common import workspace
 
 # Only these reach the command: the worker's own secrets (database and Redis URLs, API
@@ -41,6 +53,52 @@ class Exec(Tool[ExecInput]):
     input_model = ExecInput
     side_effect = SideEffect.write
     default_permission = "ask"
+
+    def rule_matches(self, specifier: str, args: ExecInput, workspace: str, kind: RuleKind) -> bool:
+        """An allow rule must cover every command the line runs (wrappers are judged by what
+        they run; a command with assignments, file redirects or a computed name is never
+        auto-allowed); a deny or ask rule covers the line if it covers any command."""
+        if kind == "allow":
+            return self.allowed_by([specifier], args, workspace)
+        pattern = command_pattern(specifier)
+        parsed = _judged(args)
+        if not parsed.ok:
+            return bool(pattern.fullmatch(" ".join(args.command.split())))
+        return any(pattern.fullmatch(c.text) for c in parsed.commands)
+
+    def allowed_by(self, specifiers: list[str | None], args: ExecInput, workspace: str) -> bool:
+        """Each command may be allowed by a different rule, but every one must be."""
+        if None in specifiers:
+            return True
+        patterns = [command_pattern(s) for s in specifiers if s is not None]
+        parsed = _judged(args)
+        judged = [c for c in parsed.commands if not c.wrapper]
+        return (
+            parsed.ok
+            and bool(judged)
+            and all(
+                not (c.writes_to or c.assignments or c.dynamic_name)
+                and any(p.fullmatch(c.text) for p in patterns)
+                for c in judged
+            )
+        )
+
+    def permission_check(self, args: ExecInput, workspace: str) -> tuple[Permission, str] | None:
+        parsed = _judged(args)
+        if not parsed.ok:
+            return "ask", f"{parsed.error}, so it cannot be checked against the rules"
+        if any(c.dynamic_name for c in parsed.commands):
+            return "ask", "a command name is computed at run time"
+        return None
+
+    def protected_paths(self, args: ExecInput, workspace: str) -> list[str]:
+        parsed = _judged(args)
+        targets = [t for c in parsed.commands for t in c.writes_to]
+        return [t for t in targets if any(p in PROTECTED_DIRS for p in Path(t).parts)]
+
+    def rules_for(self, args: ExecInput, workspace: str) -> list[str]:
+        parsed = _judged(args)
+        return [f"exec({c.text})" for c in parsed.commands if not c.wrapper] or ["exec"]
 
     def timeout(self, args: ExecInput, settings: Settings) -> float:
         return min(args.timeout_s or settings.exec_timeout_s, settings.exec_max_timeout_s)
@@ -104,6 +162,10 @@ def _die_with_parent() -> None:
     instead of running on unowned (a redelivered call would otherwise run beside it)."""
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _judged(args: ExecInput) -> ParsedShell:
+    return parse_shell(args.command)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -1,17 +1,54 @@
-"""Helpers shared by the fs tools: the workspace of a call, whole-file reads and writes."""
+"""Helpers shared by the fs tools: the workspace of a call, whole-file reads and writes,
+and how path permission rules apply to them."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
-from workers.paths import Workspace
-from workers.tool import ToolContext, ToolError
+from workers.paths import PROTECTED_DIRS, Workspace, path_rule_matches
+from workers.tool import RuleKind, Tool, ToolContext, ToolError
 
 MAX_EDIT_BYTES = 16 * 1024 * 1024
 
 
 def workspace(ctx: ToolContext) -> Workspace:
-    return Workspace(ctx.context.workspace, ctx.context.writable_paths)
+    c = ctx.context
+    return Workspace(c.workspace, c.writable_paths, c.hidden_paths)
+
+
+class _HasPath(Protocol):
+    path: str
+
+
+class PathRules(Tool[Any]):
+    """Permission rules of tools whose input has a `path`: `read_file(./secrets/**)`
+    governs every read tool, `edit_file(src/**)` and `write_file(...)` both write tools."""
+
+    writes: ClassVar[bool] = False
+
+    def rule_matches(self, specifier: str, args: _HasPath, workspace: str, kind: RuleKind) -> bool:
+        return path_rule_matches(specifier, args.path, workspace)
+
+    def protected_paths(self, args: _HasPath, workspace: str) -> list[str]:
+        if not self.writes:
+            return []
+        rel = os.path.relpath(os.path.normpath(os.path.join(workspace, args.path)), workspace)
+        return [rel] if any(part in PROTECTED_DIRS for part in Path(rel).parts) else []
+
+    def rules_for(self, args: _HasPath, workspace: str) -> list[str]:
+        rel = os.path.relpath(os.path.normpath(os.path.join(workspace, args.path)), workspace)
+        return [f"{self.name}({rel})"]
+
+
+class ReadRules(PathRules):
+    rule_names = ("read_file",)
+
+
+class WriteRules(PathRules):
+    rule_names = ("edit_file", "write_file")
+    writes = True
 
 
 def read_text(ws: Workspace, path: str, limit: int = MAX_EDIT_BYTES) -> str:

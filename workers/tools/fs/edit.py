@@ -6,7 +6,7 @@ from pydantic import Field, model_validator
 
 from broker.messages import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
-from workers.tools.fs.common import read_text, workspace, write_text
+from workers.tools.fs.common import WriteRules, read_text, workspace, write_text
 
 
 class EditFileInput(ToolInput):
@@ -24,7 +24,7 @@ class EditFileInput(ToolInput):
         return self
 
 
-class EditFile(Tool[EditFileInput]):
+class EditFile(WriteRules, Tool[EditFileInput]):
     name = "edit_file"
     description = (
         "Replace old_string with new_string in a file. old_string must match exactly once "

@@ -11,9 +11,9 @@ from pydantic import Field
 from wcmatch import glob as wcglob
 
 from broker.messages import Group
-from workers.paths import PROTECTED_DIRS, Workspace
+from workers.paths import VCS_DIRS, Workspace
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
-from workers.tools.fs.common import workspace
+from workers.tools.fs.common import ReadRules, workspace
 
 GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.MATCHBASE | wcglob.BRACE  # '*.py' matches at any depth
 
@@ -21,7 +21,7 @@ GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.MATCHBASE | wcglob.BRACE  # '*.py' matches
 def walk_files(ws: Workspace, start: str) -> Iterator[str]:
     """Real paths of the regular files under `start`, inside the workspace, VCS dirs skipped."""
     for top, dirs, files in os.walk(start, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in PROTECTED_DIRS)
+        dirs[:] = sorted(d for d in dirs if d not in VCS_DIRS)
         for name in sorted(files):
             full = os.path.join(top, name)
             st = os.lstat(full)
@@ -29,6 +29,8 @@ def walk_files(ws: Workspace, start: str) -> Iterator[str]:
                 continue
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
                 continue  # a hard link may alias a file outside the workspace
+            if ws.is_hidden(os.path.realpath(full)):
+                continue  # denied to read tools by the job's permission rules
             yield full
 
 
@@ -36,7 +38,7 @@ class ListFilesInput(ToolInput):
     path: str = Field(".", description="Directory, relative to the workspace")
 
 
-class ListFiles(Tool[ListFilesInput]):
+class ListFiles(ReadRules, Tool[ListFilesInput]):
     name = "list_files"
     description = "List a directory of the workspace; directories end with '/'."
     group = Group.fs
@@ -74,7 +76,7 @@ class GlobInput(ToolInput):
     path: str = Field(".", description="Directory to search from, relative to the workspace")
 
 
-class Glob(Tool[GlobInput]):
+class Glob(ReadRules, Tool[GlobInput]):
     name = "glob"
     description = "Find files whose path matches a glob pattern ('**' spans directories)."
     group = Group.fs

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from broker.messages import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
-from workers.tools.fs.common import workspace
+from workers.tools.fs.common import ReadRules, workspace
 
 MAX_LINE_CHARS = 2000
 
@@ -19,7 +19,7 @@ class ReadFileInput(ToolInput):
     limit: int | None = Field(None, ge=1, description="Number of lines to read")
 
 
-class ReadFile(Tool[ReadFileInput]):
+class ReadFile(ReadRules, Tool[ReadFileInput]):
     name = "read_file"
     description = (
         "Read a text file from the workspace. Lines are numbered like `cat -n`. "

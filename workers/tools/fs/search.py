@@ -9,7 +9,7 @@ from pydantic import Field
 
 from broker.messages import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
-from workers.tools.fs.common import workspace
+from workers.tools.fs.common import ReadRules, workspace
 from workers.tools.fs.find import GLOB_FLAGS, walk_files
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
@@ -24,7 +24,7 @@ class SearchInput(ToolInput):
     ignore_case: bool = False
 
 
-class Search(Tool[SearchInput]):
+class Search(ReadRules, Tool[SearchInput]):
     name = "search"
     description = (
         "Search file contents in the workspace with a regular expression. "

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from broker.messages import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
-from workers.tools.fs.common import workspace, write_text
+from workers.tools.fs.common import WriteRules, workspace, write_text
 
 
 class WriteFileInput(ToolInput):
@@ -15,7 +15,7 @@ class WriteFileInput(ToolInput):
     append: bool = Field(False, description="Append instead of replacing the file")
 
 
-class WriteFile(Tool[WriteFileInput]):
+class WriteFile(WriteRules, Tool[WriteFileInput]):
     name = "write_file"
     description = (
         "Write a text file in the workspace (created with its directories), or append to it."

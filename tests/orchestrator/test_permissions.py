@@ -1,0 +1,171 @@
+"""Permission resolution, table-driven: rules, sources, modes, safety, hooks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.policy_config import PermissionRules
+from broker.settings import Settings
+from orchestrator.permissions import Decision, HookVerdict, decide, hidden_paths, job_rules
+from orchestrator.rules import Rule, RuleError, rules_from
+from workers.registry import default_registry
+
+WS = "/srv/ws"
+REGISTRY = default_registry()
+
+
+def check(
+    name: str,
+    args: dict[str, Any],
+    allow: tuple[str, ...] = (),
+    ask: tuple[str, ...] = (),
+    deny: tuple[str, ...] = (),
+    mode: str = "default",
+    hook: HookVerdict | None = None,
+) -> Decision:
+    tool = REGISTRY.get(name)
+    assert tool is not None
+    rules = rules_from(PermissionRules(allow=list(allow), ask=list(ask), deny=list(deny)), "job")
+    return decide(tool, tool.input_model.model_validate(args), rules, mode, WS, hook)  # type: ignore[arg-type]
+
+
+EXEC_CASES = [
+    # (command, allow, deny, expected)
+    ("git status", ["exec(git status *)"], [], "allow"),
+    ("git status --short", ["Bash(git status *)"], [], "allow"),
+    ("git status && rm -rf ~", ["exec(git status *)"], [], "ask"),
+    ("git status; rm -rf ~", ["exec(git status *)", "exec(rm *)"], [], "allow"),
+    ("git status | tee out", ["exec(git status *)"], [], "ask"),
+    ("git status > out.txt", ["exec(git status *)"], [], "ask"),
+    ("git status 2>/dev/null", ["exec(git status *)"], [], "allow"),
+    ("FOO=1 git status", ["exec(git status *)"], [], "ask"),
+    ("echo $(rm -rf ~)", ["exec(echo *)"], [], "ask"),
+    ("bash -c 'rm -rf ~'", ["exec(bash *)"], [], "ask"),
+    ("timeout 5 make test", ["exec(make test)"], [], "allow"),
+    ("npm run test --watch", ["exec(npm run test:*)"], [], "allow"),
+    ("ls", ["exec"], [], "allow"),
+    ("ls", [], [], "ask"),
+    ("ls && rm -rf /", ["exec"], ["exec(rm *)"], "deny"),
+    ("env sh -c 'rm -rf /'", ["exec"], ["exec(rm *)"], "deny"),
+    ("sudo rm -rf /", ["exec"], ["exec(rm *)"], "deny"),
+    ("echo 'unterminated", ["exec"], [], "ask"),  # what does not parse always asks
+    ("echo 'unterminated", ["exec"], ["exec(echo *)"], "deny"),  # deny still sees the text
+    ("$TOOL --version", ["exec(* --version)"], [], "ask"),
+]
+
+
+@pytest.mark.parametrize(("command", "allow", "deny", "expected"), EXEC_CASES)
+def test_exec_rules_judge_every_sub_command(
+    command: str, allow: list[str], deny: list[str], expected: str
+) -> None:
+    assert (
+        check("exec", {"command": command}, allow=tuple(allow), deny=tuple(deny)).behavior
+        == expected
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "rules", "expected"),
+    [
+        ("read_file", {"path": "secrets/key.pem"}, {"deny": ["read_file(./secrets/**)"]}, "deny"),
+        ("read_file", {"path": "./secrets/../secrets/a"}, {"deny": ["Read(secrets)"]}, "deny"),
+        ("search", {"pattern": "x", "path": "secrets"}, {"deny": ["Read(./secrets/**)"]}, "deny"),
+        ("read_file", {"path": "src/a.py"}, {"deny": ["read_file(./secrets/**)"]}, "allow"),
+        ("read_file", {"path": "/etc/passwd"}, {"deny": ["read_file(//etc/**)"]}, "deny"),
+        ("write_file", {"path": "docs/a.md", "content": ""}, {"ask": ["Edit(docs/**)"]}, "ask"),
+        (
+            "edit_file",
+            {"path": "a", "old_string": "x", "new_string": "y"},
+            {"deny": ["Write(/a)"]},
+            "deny",
+        ),
+        ("write_file", {"path": "b", "content": ""}, {"deny": ["read_file"]}, "allow"),
+        ("exec", {"command": "ls"}, {"allow": ["exec"], "ask": ["exec(ls)"]}, "ask"),
+    ],
+)
+def test_path_rules_and_precedence(
+    name: str, args: dict[str, Any], rules: dict[str, list[str]], expected: str
+) -> None:
+    result = check(name, args, **{k: tuple(v) for k, v in rules.items()})
+    assert result.behavior == expected, result
+
+
+def test_deny_is_final_whatever_the_source_and_names_its_rule() -> None:
+    settings = Settings(permissions=PermissionRules(deny=["exec(curl *)"]))
+    rules = job_rules(settings, PermissionRules(allow=["exec"]))
+    tool = REGISTRY.get("exec")
+    assert tool is not None
+    args = tool.input_model.model_validate({"command": "curl http://x"})
+    decision = decide(tool, args, rules, "bypassPermissions", WS)
+    assert (decision.behavior, decision.layer) == ("deny", "rule")
+    assert "exec(curl *)" in decision.reason and "managed" in decision.by
+
+
+@pytest.mark.parametrize(
+    ("mode", "name", "args", "expected"),
+    [
+        ("plan", "read_file", {"path": "a"}, "allow"),
+        ("plan", "write_file", {"path": "a", "content": ""}, "deny"),
+        ("plan", "exec", {"command": "ls"}, "deny"),
+        ("acceptEdits", "exec", {"command": "ls"}, "ask"),
+        ("bypassPermissions", "exec", {"command": "ls"}, "allow"),
+        ("bypassPermissions", "write_file", {"path": ".git/config", "content": ""}, "ask"),
+        ("acceptEdits", "write_file", {"path": ".clawq/hooks.json", "content": ""}, "ask"),
+        ("bypassPermissions", "exec", {"command": "echo x > .git/HEAD"}, "ask"),
+        ("default", "write_file", {"path": "notes.md", "content": ""}, "allow"),
+    ],
+)
+def test_modes_and_protected_paths(
+    mode: str, name: str, args: dict[str, Any], expected: str
+) -> None:
+    assert check(name, args, mode=mode).behavior == expected
+
+
+def test_protected_paths_are_not_auto_approved_even_by_an_allow_rule() -> None:
+    decision = check(
+        "write_file", {"path": ".git/config", "content": ""}, allow=("write_file(.git/**)",)
+    )
+    assert (decision.behavior, decision.layer) == ("ask", "safety")
+
+
+@pytest.mark.parametrize(
+    ("hook", "rules", "expected"),
+    [
+        (HookVerdict("deny", "no"), {"allow": ("exec",)}, "deny"),
+        (HookVerdict("ask"), {"allow": ("exec",)}, "ask"),
+        (HookVerdict("allow"), {}, "allow"),  # a hook's allow answers the default ask
+        (HookVerdict("allow"), {"ask": ("exec(ls)",)}, "ask"),  # but never an ask rule
+        (HookVerdict("allow"), {"deny": ("exec",)}, "deny"),  # nor a deny rule
+    ],
+)
+def test_hooks_tighten_never_loosen(
+    hook: HookVerdict, rules: dict[str, tuple[str, ...]], expected: str
+) -> None:
+    assert check("exec", {"command": "ls"}, hook=hook, **rules).behavior == expected
+
+
+def test_claude_code_aliases_and_mcp_rules() -> None:
+    assert Rule.parse("Bash(ls)", "allow", "job").tool == "exec"
+    assert (
+        Rule.parse("WebFetch(domain:example.com)", "deny", "job").specifier == "domain:example.com"
+    )
+    server_rule = Rule.parse("mcp_github", "deny", "job")
+    assert server_rule.tool == "mcp_github" and server_rule.specifier is None
+
+
+def test_bad_rules_are_reported_together() -> None:
+    with pytest.raises(RuleError) as err:
+        rules_from(PermissionRules(allow=["exec(", "ok"], deny=["bad rule"]), "job")
+    assert "exec(" in str(err.value) and "bad rule" in str(err.value)
+
+
+def test_read_denials_hide_paths_from_directory_walks() -> None:
+    rules = rules_from(
+        PermissionRules(
+            deny=["Read(./secrets/**)", "read_file(//etc/**)"], ask=["read_file(private)"]
+        ),
+        "job",
+    )
+    assert hidden_paths(rules, WS) == ["secrets/**", "private"]

@@ -1,0 +1,106 @@
+"""The policy engine's 7-step pipeline, deny, alsoAllow and subagent lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.messages import Group
+from broker.policy_config import ToolPolicy
+from orchestrator.policy import PolicyEngine, PolicyError
+from workers.registry import Registry, default_registry
+from workers.tool import Tool, ToolInput
+
+FS = {"read_file", "write_file", "edit_file", "list_files", "search", "glob"}
+
+
+def make_tool(name: str, group: Group) -> type[Tool[Any]]:
+    return type(
+        name, (Tool,), {"name": name, "description": name, "group": group, "input_model": ToolInput}
+    )
+
+
+def registry() -> Registry:
+    reg = default_registry()
+    reg.register(
+        make_tool("session_status", Group.sessions),
+        make_tool("sessions_spawn", Group.sessions),
+        make_tool("sessions_send", Group.sessions),
+        make_tool("message", Group.messaging),
+        make_tool("web_fetch", Group.web),
+    )
+    return reg
+
+
+def visible(policy: dict[str, Any], **kwargs: Any) -> set[str]:
+    return PolicyEngine(registry(), ToolPolicy.model_validate(policy)).visible(**kwargs)
+
+
+ALL = FS | {"exec", "session_status", "sessions_spawn", "sessions_send", "message", "web_fetch"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "kwargs", "expected"),
+    [
+        ({}, {}, ALL),
+        (
+            {"profile": "coding"},
+            {},
+            FS | {"exec", "session_status", "sessions_spawn", "sessions_send"},
+        ),
+        ({"profile": "messaging"}, {}, {"message", "sessions_send", "session_status"}),
+        ({"profile": "minimal"}, {}, {"session_status"}),
+        (
+            {"byProvider": {"openai": {"profile": "minimal"}}},
+            {"provider": "openai"},
+            {"session_status"},
+        ),
+        ({"byProvider": {"openai": {"profile": "minimal"}}}, {"provider": "anthropic"}, ALL),
+        ({"allow": ["group:fs", "exec"]}, {}, FS | {"exec"}),
+        (
+            {"allow": ["group:fs", "exec"], "byProvider": {"openai": {"allow": ["group:runtime"]}}},
+            {"provider": "openai"},
+            {"exec"},
+        ),
+        (
+            {"agents": {"coder": {"allow": ["read_file", "exec"]}}},
+            {"agent": "coder"},
+            {"read_file", "exec"},
+        ),
+        (
+            {"agents": {"coder": {"byProvider": {"openai": {"allow": ["exec"]}}}}},
+            {"agent": "coder", "provider": "openai"},
+            {"exec"},
+        ),
+        ({"groupAllow": ["group:fs"]}, {}, FS),
+        ({"deny": ["group:fs"]}, {}, ALL - FS),
+        ({"agents": {"a": {"deny": ["exec"]}}}, {"agent": "a"}, ALL - {"exec"}),
+        ({"allow": ["read_file"], "alsoAllow": ["exec", "not_a_tool"]}, {}, {"read_file", "exec"}),
+        ({"deny": ["exec"], "alsoAllow": ["exec"]}, {}, ALL),  # alsoAllow comes after deny
+        ({"allow": ["group:goclaw"]}, {}, ALL),
+        ({}, {"depth": 1, "max_depth": 2}, ALL - {"session_status", "sessions_send"}),
+        (
+            {},
+            {"depth": 1, "max_depth": 1},
+            ALL - {"session_status", "sessions_send", "sessions_spawn"},
+        ),
+    ],
+)
+def test_pipeline(policy: dict[str, Any], kwargs: dict[str, Any], expected: set[str]) -> None:
+    assert visible(policy, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"profile": "everything"},
+        {"allow": ["group:nope"]},
+        {"deny": ["group:filesystem"]},
+        {"byProvider": {"openai": {"profile": "bogus"}}},
+        {"agents": {"a": {"alsoAllow": ["group:x"]}}},
+    ],
+)
+def test_unknown_profiles_and_groups_fail_closed(policy: dict[str, Any]) -> None:
+    with pytest.raises(PolicyError):
+        PolicyEngine(registry(), ToolPolicy.model_validate(policy))
