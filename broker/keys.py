@@ -40,3 +40,13 @@ def lease(job_id: str) -> str:
 
 
 CONTROL_CHANNEL = f"{PREFIX}:control"
+
+
+def rate(session_key: str) -> str:
+    """Sliding window of a session's tool calls."""
+    return f"{PREFIX}:rate:{session_key}"
+
+
+def approval(request_id: str) -> str:
+    """A pending approval request, and (`:answer`) its answer."""
+    return f"{PREFIX}:approval:{request_id}"

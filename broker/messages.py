@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from broker.policy_config import PermissionMode
+
 
 class Group(StrEnum):
     """Tool groups; each is one Celery queue. `agents` carries agent runs, not tools."""
@@ -76,6 +78,9 @@ class CallOutcome(BaseModel):
     queue: str = ""
     worker: str = ""
     attempts: int = 1
+    decision: str = ""  # how the call was permitted (or refused): the audit trail
+    decided_by: str = ""
+    decision_reason: str = ""
     started_at: float = 0.0
     finished_at: float = Field(default_factory=time.time)
 
@@ -92,6 +97,11 @@ class JobSpec(BaseModel):
     script: dict[str, Any] | None = None
     workspace: str
     allow: list[str] = Field(default_factory=list)
+    ask: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    permission_mode: PermissionMode = "default"
+    agent_id: str = "main"
+    user_id: str = ""
     max_iterations: int = 20
     system: str = ""
 
@@ -105,6 +115,8 @@ class ToolCallRecord(BaseModel):
     queue: str = ""
     worker: str = ""
     attempts: int = 0
+    decision: str = ""
+    decided_by: str = ""
 
 
 class JobResult(BaseModel):
@@ -123,6 +135,9 @@ EventType = Literal[
     "model_text",
     "tool_call_queued",
     "tool_call_finished",
+    "tool_call_denied",
+    "approval_requested",
+    "approval_resolved",
     "job_finished",
 ]
 

@@ -50,10 +50,26 @@ INSERT_CALL = (
 FINISH_CALL = (
     "UPDATE tool_calls SET status = 'done', is_error = %s, for_llm = %s, for_user = %s,"
     " metadata = %s, queue = coalesce(nullif(%s, ''), queue), worker = %s, attempts = %s,"
+    " decision = %s, decided_by = %s, decision_reason = %s,"
     " finished_at = to_timestamp(%s) WHERE job_id = %s AND turn = %s AND call_id = %s"
 )
+SELECT_APPROVAL = "SELECT * FROM approvals WHERE id = %s"
+INSERT_APPROVAL = (
+    "INSERT INTO approvals (id, job_id, turn, call_id, tool, input, reason)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+ANSWER_APPROVAL = (
+    "UPDATE approvals SET status = %s, answered_by = %s, answered_at = now()"
+    " WHERE id = %s AND status = 'pending'"
+)
+SELECT_GRANTS = "SELECT rule FROM permission_grants WHERE agent_id = %s ORDER BY created_at"
+INSERT_GRANT = (
+    "INSERT INTO permission_grants (agent_id, rule, granted_by, job_id) VALUES (%s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING"
+)
 SELECT_CALLS = (
-    "SELECT call_id, name, input, is_error, for_llm, queue, worker, attempts FROM tool_calls"
+    "SELECT call_id, name, input, is_error, for_llm, queue, worker, attempts, decision,"
+    " decided_by FROM tool_calls"
     " WHERE job_id = %s ORDER BY turn, seq"
 )
 
@@ -92,6 +108,9 @@ def _outcome_params(outcome: CallOutcome) -> tuple[Any, ...]:
         outcome.queue,
         outcome.worker,
         outcome.attempts,
+        outcome.decision,
+        outcome.decided_by,
+        outcome.decision_reason,
         outcome.finished_at,
         outcome.job_id,
         outcome.turn,
@@ -113,12 +132,19 @@ class Store:
 
     def create_job(self, job_id: str, session_id: str, spec: JobSpec, user_id: str = "") -> None:
         with self.conn.transaction():
-            self.conn.execute(INSERT_SESSION, (session_id, "main", user_id))
+            self.conn.execute(INSERT_SESSION, (session_id, spec.agent_id, user_id))
             self.conn.execute(INSERT_JOB, (job_id, session_id, Jsonb(spec.model_dump())))
 
     def job_status(self, job_id: str) -> str | None:
         row = self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
         return row["status"] if row else None
+
+    def approval(self, request_id: str) -> dict[str, Any] | None:
+        return self.conn.execute(SELECT_APPROVAL, (request_id,)).fetchone()
+
+    def grants(self, agent_id: str) -> list[str]:
+        rows = self.conn.execute(SELECT_GRANTS, (agent_id,)).fetchall()
+        return [row["rule"] for row in rows]
 
     def job_result(self, job_id: str) -> JobResult | None:
         row = self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
@@ -134,6 +160,8 @@ class Store:
                 queue=c["queue"],
                 worker=c["worker"],
                 attempts=c["attempts"],
+                decision=c["decision"],
+                decided_by=c["decided_by"],
             )
             for c in self.conn.execute(SELECT_CALLS, (job_id,)).fetchall()
         ]
@@ -220,6 +248,36 @@ class AsyncStore:
             await conn.execute(INSERT_MESSAGE, (session_id, seq, job_id, "tool", Jsonb(content)))
             async with conn.cursor() as cur:
                 await cur.executemany(FINISH_CALL, [_outcome_params(o) for o in outcomes])
+
+    async def create_approval(
+        self,
+        request_id: str,
+        job_id: str,
+        turn: int,
+        call_id: str,
+        tool: str,
+        call_input: dict[str, Any],
+        reason: str,
+    ) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                INSERT_APPROVAL,
+                (request_id, job_id, turn, call_id, tool, Jsonb(call_input), reason),
+            )
+
+    async def answer_approval(self, request_id: str, status: str, by: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(ANSWER_APPROVAL, (status, by, request_id))
+
+    async def grants(self, agent_id: str) -> list[str]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(SELECT_GRANTS, (agent_id,))
+            return [row[0] for row in await cur.fetchall()]
+
+    async def add_grants(self, agent_id: str, rules: list[str], by: str, job_id: str) -> None:
+        async with self.pool.connection() as conn, conn.transaction():
+            for rule in rules:
+                await conn.execute(INSERT_GRANT, (agent_id, rule, by, job_id))
 
     async def finish_job(
         self, job_id: str, status: str, final_text: str, error: str, iterations: int

@@ -195,6 +195,13 @@ def show_event(event: Event) -> None:
         console.print(f"{mark} {d['name']} [dim]{d['worker']}[/] {escape(first)}")
     elif event.type == "model_text":
         console.print(f"[bold]model:[/] {escape(d['text'])}")
+    elif event.type == "tool_call_denied":
+        console.print(f"[red]✗ {d['name']} refused[/] [dim]({d['layer']})[/] {escape(d['reason'])}")
+    elif event.type == "approval_requested":
+        console.print(
+            f"[yellow]? {d['name']} needs approval[/]: {escape(d['reason'])}\n"
+            f"  clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
+        )
     elif event.type == "job_finished":
         error = escape(d.get("error") or "")
         console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
@@ -215,7 +222,15 @@ def show_event(event: Event) -> None:
     help="JSON script for the scripted model.",
 )
 @click.option("--workspace", type=click.Path(file_okay=False), default=".", show_default=True)
-@click.option("--allow", multiple=True, help="Allow a tool that needs permission (repeatable).")
+@click.option("--allow", multiple=True, help="Allow rule, e.g. exec or 'exec(git *)' (repeatable).")
+@click.option("--ask", multiple=True, help="Ask rule: such calls wait for `clawq approve`.")
+@click.option("--deny", multiple=True, help="Deny rule, e.g. 'read_file(./secrets/**)'.")
+@click.option(
+    "--permission-mode",
+    default="default",
+    show_default=True,
+    type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions"]),
+)
 @click.option("--max-iterations", type=int, default=None)
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
@@ -225,6 +240,9 @@ def run(
     script_file: str | None,
     workspace: str,
     allow: tuple[str, ...],
+    ask: tuple[str, ...],
+    deny: tuple[str, ...],
+    permission_mode: str,
     max_iterations: int | None,
     timeout: float,
     as_json: bool,
@@ -241,6 +259,9 @@ def run(
                 script=script,
                 workspace=os.path.abspath(workspace),
                 allow=allow,
+                ask=ask,
+                deny=deny,
+                permission_mode=permission_mode,
                 max_iterations=max_iterations,
             )
         except ClientError as exc:
@@ -255,6 +276,23 @@ def run(
     else:
         click.echo(result.final_text or result.error)
     sys.exit(0 if result.status == "completed" else 1)
+
+
+@main.command()
+@click.argument("job_id")
+@click.argument("request_id")
+@click.argument("decision", type=click.Choice(["allow-once", "allow-always", "deny"]))
+@click.option("--by", default="", help="Who answers (default: this user).")
+def approve(job_id: str, request_id: str, decision: str, by: str) -> None:
+    """Answer a job's approval request (see its approval_requested event)."""
+    from orchestrator.client import Client, ClientError
+
+    with Client(settings_from_env()) as client:
+        try:
+            client.job(job_id).approve(request_id, decision, by=by)
+        except ClientError as exc:
+            raise click.UsageError(str(exc)) from None
+    console.print(f"{decision} sent for {request_id}")
 
 
 @main.command()

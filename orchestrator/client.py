@@ -11,22 +11,26 @@ result = job.wait(timeout=60)
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, get_args
 
 import redis
 
 from broker import events, keys
 from broker.celery_app import create_app
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobResult, JobSpec
+from broker.policy_config import PermissionMode, PermissionRules
 from broker.settings import Settings
 from broker.store import Store
+from orchestrator.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
 from orchestrator.providers.base import ModelError
 from orchestrator.providers.scripted import parse_script
+from orchestrator.rules import RuleError, rules_from
 
 
 class ClientError(Exception):
@@ -84,6 +88,24 @@ class Job:
             raise ClientError(f"no job {self.id}")
         return result
 
+    def approve(self, request_id: str, decision: str, by: str = "") -> None:
+        """Answer an `approval_requested` event: allow-once, allow-always or deny."""
+        if decision not in ANSWERS:
+            raise ClientError(f"decision must be one of {', '.join(ANSWERS)}, not '{decision}'")
+        request = self.client.store.approval(request_id)
+        if request is None or request["job_id"] != self.id:
+            raise ClientError(f"job {self.id} has no approval request {request_id}")
+        if request["status"] != "pending":
+            raise ClientError(f"approval request {request_id} is already {request['status']}")
+        answer = ApprovalAnswer(
+            request_id=request_id,
+            decision=decision,
+            by=by or getpass.getuser(),
+        )
+        stored, message = publish_answer(answer)
+        self.client.redis.set(answer_key(request_id), stored, ex=self.client.settings.events_ttl_s)
+        self.client.redis.publish(keys.CONTROL_CHANNEL, message)
+
     def cancel(self) -> None:
         """Ask for the job to stop: no further turns; the job ends `cancelled`."""
         self.client.redis.set(keys.cancel(self.id), "1", ex=self.client.settings.events_ttl_s)
@@ -116,10 +138,18 @@ class Client:
         model: str = "scripted",
         script: dict[str, Any] | None = None,
         allow: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        ask: Iterable[str] = (),
+        permission_mode: str = "default",
+        agent: str = "main",
+        user: str = "",
         max_iterations: int | None = None,
         system: str = "",
     ) -> Job:
-        """Store the job and queue its agent run; returns at once."""
+        """Store the job and queue its agent run; returns at once.
+
+        `allow`, `ask` and `deny` are the job's permission rules (`exec`,
+        `exec(git status *)`, `read_file(./secrets/**)`, …)."""
         if not prompt.strip():
             raise ClientError("prompt is empty")
         if not os.path.isabs(workspace):
@@ -133,17 +163,31 @@ class Client:
                 parse_script(script)
             except ModelError as exc:
                 raise ClientError(str(exc)) from None
+        rules = PermissionRules(allow=list(allow), ask=list(ask), deny=list(deny))
+        try:
+            rules_from(rules, "job")
+        except RuleError as exc:
+            raise ClientError(str(exc)) from None
+        if permission_mode not in get_args(PermissionMode):
+            raise ClientError(
+                f"permission_mode must be one of {', '.join(get_args(PermissionMode))}"
+            )
         spec = JobSpec(
             prompt=prompt,
             model=model,
             script=script,
             workspace=workspace,
-            allow=list(allow),
+            allow=rules.allow,
+            ask=rules.ask,
+            deny=rules.deny,
+            permission_mode=permission_mode,
+            agent_id=agent,
+            user_id=user,
             max_iterations=max_iterations or self.settings.max_iterations,
             system=system,
         )
         job_id = uuid.uuid4().hex
-        self.store.create_job(job_id, session_id=job_id, spec=spec)
+        self.store.create_job(job_id, session_id=job_id, spec=spec, user_id=user)
         events.emit_sync(
             self.redis, Event(type="job_queued", job_id=job_id), self.settings.events_ttl_s
         )

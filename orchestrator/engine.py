@@ -32,10 +32,14 @@ from broker.celery_app import create_app
 from broker.connections import async_redis
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, JobSpec
 from broker.presence import process_id
+from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 from broker.store import AsyncStore
+from orchestrator.approvals import ApprovalAnswer, Approvals
 from orchestrator.dispatch import Dispatcher
+from orchestrator.hooks import Hooks
 from orchestrator.loop import JobRun, Services
+from orchestrator.policy import PolicyEngine
 from workers.registry import Registry, default_registry
 
 log = logging.getLogger("clawq.orchestrator")
@@ -44,9 +48,13 @@ RECOVERY_INTERVAL_S = 5.0
 
 
 class Orchestrator:
-    def __init__(self, settings: Settings, registry: Registry | None = None) -> None:
+    def __init__(
+        self, settings: Settings, registry: Registry | None = None, hooks: Hooks | None = None
+    ) -> None:
         self.settings = settings
         self.registry = registry or default_registry()
+        self.policy = PolicyEngine(self.registry, settings.tool_policy)  # fails on bad config
+        self.hooks = hooks or Hooks(settings.hooks)
         self.app: Celery = create_app(settings)
         self.id = process_id("orchestrator")
         self.jobs: dict[str, asyncio.Task[None]] = {}
@@ -67,8 +75,18 @@ class Orchestrator:
         await self.store.open()
         http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
+        self.approvals = Approvals(self.redis)
         self.services = Services(
-            self.settings, self.store, self.redis, self.dispatcher, self.registry, http
+            self.settings,
+            self.store,
+            self.redis,
+            self.dispatcher,
+            self.registry,
+            http,
+            self.policy,
+            self.hooks,
+            self.approvals,
+            RateLimiter(self.redis, self.settings.rate_limit_per_hour),
         )
         background = [
             asyncio.create_task(self.dispatcher.listen(listen_redis)),
@@ -212,6 +230,9 @@ class Orchestrator:
                 await asyncio.sleep(0.5)
 
     def on_control(self, command: dict[str, Any]) -> None:
+        if "approve" in command:
+            self.approvals.on_answer(ApprovalAnswer.model_validate(command["approve"]))
+            return
         job_id = command.get("cancel")
         if job_id in self.jobs:
             self.cancelling.add(job_id)

@@ -25,15 +25,21 @@ from broker.messages import (
     EventType,
     JobSpec,
 )
+from broker.policy_config import PermissionRules
+from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 from broker.store import AsyncStore
-from orchestrator import permissions
+from orchestrator.approvals import Approvals
 from orchestrator.conversation import Message, ToolCall, ToolResultBlock
 from orchestrator.dispatch import Dispatcher
+from orchestrator.gate import Gate, Ready, Refused
+from orchestrator.hooks import Hooks
+from orchestrator.permissions import hidden_paths, job_rules
+from orchestrator.policy import PolicyEngine, PolicyError
 from orchestrator.providers import ModelError, ModelRequest, provider_for
+from orchestrator.rules import RuleError
 from orchestrator.scheduler import partition
 from workers.registry import Registry
-from workers.tool import Tool, ToolInput, ToolResult
 
 log = logging.getLogger("clawq.loop")
 EVENT_OUTPUT_CHARS = 2000
@@ -49,15 +55,10 @@ class Services:
     dispatcher: Dispatcher
     registry: Registry
     http: httpx.AsyncClient
-
-
-@dataclass
-class Ready:
-    """A call that passed the orchestrator's checks and goes to a queue."""
-
-    call: ToolCall
-    tool: Tool[Any]
-    args: ToolInput
+    policy: PolicyEngine
+    hooks: Hooks
+    approvals: Approvals
+    limiter: RateLimiter
 
 
 class JobCancelled(Exception):
@@ -72,6 +73,34 @@ class JobRun:
         self.spec = spec
         self.messages: list[Message] = []
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
+
+    def prepare(self) -> None:
+        """What this job may see and do; a bad rule or policy fails the job clearly."""
+        s, spec = self.s, self.spec
+        visible = s.policy.visible(
+            spec.agent_id,
+            spec.model.partition(":")[0],
+            depth=0,
+            max_depth=s.settings.max_spawn_depth,
+        )
+        job = PermissionRules(allow=spec.allow, ask=spec.ask, deny=spec.deny)
+        self.rules = job_rules(s.settings, job, spec.agent_id, spec.user_id)
+        self.hidden = hidden_paths(self.rules, spec.workspace)
+        self.tools = sorted(visible)
+        self.gate = Gate(
+            self.job_id,
+            self.session_id,
+            spec,
+            s.registry,
+            visible,
+            self.rules,
+            s.hooks,
+            s.approvals,
+            s.store,
+            s.limiter,
+            s.settings.approval_timeout_s,
+            self.emit,
+        )
 
     async def emit(self, type_: EventType, **data: Any) -> None:
         event = Event(type=type_, job_id=self.job_id, data=data)
@@ -92,8 +121,9 @@ class JobRun:
         if not resumed:
             await self.append(Message(role="user", text=self.spec.prompt, job_id=self.job_id))
         try:
+            self.prepare()
             status, text, error = await self.loop()
-        except ModelError as exc:
+        except (ModelError, RuleError, PolicyError) as exc:
             status, text, error = "failed", "", str(exc)
         except JobCancelled:
             status, text, error = "cancelled", "", "cancelled by request"
@@ -115,8 +145,8 @@ class JobRun:
             request = ModelRequest(
                 system=self.spec.system,
                 messages=self.messages,
-                openai_tools=self.s.registry.openai_tools(),
-                anthropic_tools=self.s.registry.anthropic_tools(),
+                openai_tools=self.s.registry.openai_tools(self.tools),
+                anthropic_tools=self.s.registry.anthropic_tools(self.tools),
                 turn=turn,
             )
             reply = await provider.complete(request)
@@ -157,9 +187,9 @@ class JobRun:
         ready: list[tuple[int, Ready]] = []
         seen: set[str] = set()
         for index, call in enumerate(calls):
-            checked = self.check(call, seen)
+            checked = await self.gate.check(turn, call, seen)
             seen.add(call.id)
-            if isinstance(checked, ToolResult):
+            if isinstance(checked, Refused):
                 outcomes[index] = self.local_outcome(turn, call, checked)
                 await self.emit_finished(call, outcomes[index])
             else:
@@ -182,32 +212,20 @@ class JobRun:
         )
         self.messages.append(message)
 
-    def check(self, call: ToolCall, seen: set[str]) -> Ready | ToolResult:
-        """Extraction, validation and permission: failures become results; no code runs."""
-        if call.id in seen:
-            return ToolResult.error(f"duplicate tool call id '{call.id}' in one turn")
-        if call.raw_input is not None:
-            return ToolResult.error(f"arguments of {call.name} are not a JSON object")
-        parsed = self.s.registry.parse(call.name, call.input)
-        if isinstance(parsed, ToolResult):
-            return parsed
-        tool, args = parsed
-        reason = permissions.denial(tool, self.spec.allow)
-        if reason:
-            return ToolResult.error(reason)
-        return Ready(call, tool, args)
-
-    def local_outcome(self, turn: int, call: ToolCall, result: ToolResult) -> CallOutcome:
+    def local_outcome(self, turn: int, call: ToolCall, refused: Refused) -> CallOutcome:
+        result, decision = refused.result, refused.decision
         return CallOutcome(
             call_id=call.id,
             job_id=self.job_id,
             turn=turn,
             for_llm=result.for_llm,
             for_user=result.for_user,
-            is_error=result.is_error,
-            metadata=result.metadata,
+            is_error=True,
             worker="orchestrator",
             attempts=0,
+            decision=f"deny:{decision.layer}",
+            decided_by=decision.by,
+            decision_reason=decision.reason,
         )
 
     async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
@@ -224,7 +242,8 @@ class JobRun:
                 context=CallContext(
                     workspace=self.spec.workspace,
                     sandbox_key=self.session_id,
-                    writable_paths=permissions.writable_paths(self.spec.allow),
+                    writable_paths=ready.writable,
+                    hidden_paths=self.hidden,
                 ),
                 timeout_s=timeout,
                 deadline=time.time() + self.s.settings.visibility_timeout_s,
@@ -239,8 +258,28 @@ class JobRun:
                 queue=queue,
             )
             outcome = await self.s.dispatcher.call(envelope, queue)
+            outcome = await self.after(ready, outcome)
             await self.emit_finished(ready.call, outcome)
             return outcome
+
+    async def after(self, ready: Ready, outcome: CallOutcome) -> CallOutcome:
+        """Post-tool hooks (their context is added for the model) and the audit fields."""
+        response = {"for_llm": outcome.for_llm, "is_error": outcome.is_error}
+        hooked = await self.s.hooks.run(
+            self.gate.hook_input(ready.call, "PostToolUse", ready.call.input, response)
+        )
+        text = outcome.for_llm
+        if hooked.context:
+            text += "".join(f"\n[hook] {line}" for line in hooked.context)
+        d = ready.decision
+        return outcome.model_copy(
+            update={
+                "for_llm": text,
+                "decision": f"allow:{d.layer}",
+                "decided_by": d.by,
+                "decision_reason": d.reason,
+            }
+        )
 
     async def emit_finished(self, call: ToolCall, outcome: CallOutcome) -> None:
         await self.emit(

@@ -20,6 +20,7 @@ from broker.messages import CallEnvelope, CallOutcome
 from broker.presence import Heartbeat, process_id
 from broker.settings import Settings
 from workers.registry import Registry
+from workers.scrub import Scrubber, secrets_of
 from workers.tool import ToolContext, ToolError, ToolResult
 
 log = logging.getLogger("clawq.worker")
@@ -36,6 +37,7 @@ class WorkerRuntime:
     redis: redis.Redis
     ledger: Ledger
     heartbeat: Heartbeat
+    scrub: Scrubber
 
     @classmethod
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
@@ -49,15 +51,9 @@ class WorkerRuntime:
             settings.heartbeat_ttl_s,
         )
         heartbeat.start()
-        return cls(
-            settings,
-            registry,
-            queue,
-            proc_id,
-            client,
-            Ledger(client, settings.ledger_ttl_s),
-            heartbeat,
-        )
+        ledger = Ledger(client, settings.ledger_ttl_s)
+        scrub = Scrubber(secrets_of(settings))
+        return cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
 
     def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
         """Execute (or answer from the ledger) and push the outcome; None if skipped."""
@@ -89,8 +85,8 @@ class WorkerRuntime:
             call_id=envelope.call_id,
             job_id=envelope.job_id,
             turn=envelope.turn,
-            for_llm=result.for_llm,
-            for_user=result.for_user,
+            for_llm=self.scrub(result.for_llm),  # secrets never leave the worker
+            for_user=self.scrub(result.for_user),
             is_error=result.is_error,
             metadata=result.metadata,
             queue=self.queue,

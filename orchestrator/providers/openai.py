@@ -34,8 +34,13 @@ def to_openai(system: str, messages: list[Message]) -> list[dict[str, Any]]:
                 ]
             out.append(item)
         else:
-            out += [
-                {"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in m.results
+            out += [  # OpenAI has no is_error on tool messages: the text says it
+                {
+                    "role": "tool",
+                    "tool_call_id": r.call_id,
+                    "content": f"Error: {r.content}" if r.is_error else r.content,
+                }
+                for r in m.results
             ]
     return out
 

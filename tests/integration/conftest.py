@@ -37,4 +37,4 @@ def start_cluster(workers_per_group: int = 1, **overrides: object) -> Iterator[C
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    yield from start_cluster()
+    yield from start_cluster(approval_timeout_s=2)

@@ -211,7 +211,12 @@ def test_openai_request_wire_format(model_server: ModelServer, provider_settings
     # arguments that were not a JSON object go back exactly as the model sent them
     assert second["function"] == {"name": "read_file", "arguments": "{not json"}
     assert messages[3] == {"role": "tool", "tool_call_id": "call_1", "content": "README.md\nsrc"}
-    assert messages[4] == {"role": "tool", "tool_call_id": "call_2", "content": "Invalid input"}
+    # OpenAI tool messages have no is_error: an error says so in its text
+    assert messages[4] == {
+        "role": "tool",
+        "tool_call_id": "call_2",
+        "content": "Error: Invalid input",
+    }
     assert messages[5] == {"role": "user", "content": "Summarise it."}
 
 

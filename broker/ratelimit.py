@@ -1,0 +1,40 @@
+"""Per-session tool-call rate limiting (goclaw §9), shared by every process through Redis.
+
+A sliding window log: one sorted set per session, scored by time; a call is admitted only
+if fewer than `limit` calls were admitted in the last `window_s` seconds. One Lua call.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import redis.asyncio as aioredis
+
+from broker import keys
+
+ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1] - ARGV[2])
+local used = redis.call('ZCARD', KEYS[1])
+if used >= tonumber(ARGV[3]) then return {0, used} end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])))
+return {1, used + 1}
+"""
+
+
+class RateLimiter:
+    def __init__(self, client: aioredis.Redis, limit: int, window_s: float = 3600.0) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._admit = client.register_script(ADMIT)
+
+    async def admit(self, session_key: str) -> tuple[bool, int]:
+        """(admitted, calls in the window including this one if admitted)."""
+        if self.limit <= 0:
+            return True, 0
+        ok, used = await self._admit(
+            keys=[keys.rate(session_key)],
+            args=[time.time(), self.window_s, self.limit, uuid.uuid4().hex],
+        )
+        return bool(ok), int(used)
