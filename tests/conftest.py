@@ -35,8 +35,8 @@ class Isolated:
         store = Store(self.database_url)
         store.migrate()
         store.close()
-        self.settings = Settings(
-            redis_url=self.redis_url, database_url=self.database_url, **overrides
+        self.settings = Settings.model_validate(
+            {"redis_url": self.redis_url, "database_url": self.database_url, **overrides}
         )
 
     def env(self) -> dict[str, str]:

@@ -3,6 +3,7 @@ the system Redis and PostgreSQL, in a Redis db and schema of the module's own.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,17 +19,21 @@ class Cluster:
     iso: Isolated
     stack: Stack
     client: Client
+    env: dict[str, str]  # what the cluster's processes were started with
 
 
 def start_cluster(workers_per_group: int = 1, **overrides: object) -> Iterator[Cluster]:
     iso = Isolated(**overrides)
-    env = iso.env() | {f"CLAWQ_{k.upper()}": str(v) for k, v in overrides.items()}
+    env = iso.env() | {
+        f"CLAWQ_{k.upper()}": json.dumps(v) if isinstance(v, dict | list) else str(v)
+        for k, v in overrides.items()
+    }
     stack = Stack(["fs", "runtime"], workers_per_group, env=env, concurrency=2)
     stack.start()
     try:
         stack.wait_ready(iso.redis_url)
         client = Client(iso.settings)
-        yield Cluster(iso, stack, client)
+        yield Cluster(iso, stack, client, env)
         client.close()
     finally:
         stack.stop()

@@ -77,7 +77,8 @@ class Exec(Tool[ExecInput]):
             parsed.ok
             and bool(judged)
             and all(
-                not (c.writes_to or c.assignments or c.dynamic_name)
+                not (c.assignments or c.dynamic_name)
+                and all(_stays_inside(t) for t in c.writes_to)
                 and any(p.fullmatch(c.text) for p in patterns)
                 for c in judged
             )
@@ -162,6 +163,12 @@ def _die_with_parent() -> None:
     instead of running on unowned (a redelivered call would otherwise run beside it)."""
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _stays_inside(target: str) -> bool:
+    """A redirect a rule may allow: a plain relative path that cannot leave the working
+    directory (absolute, home, `..` or computed targets never are)."""
+    return not (target.startswith(("/", "~")) or "$" in target or ".." in Path(target).parts)
 
 
 def _judged(args: ExecInput) -> ParsedShell:
