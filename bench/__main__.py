@@ -148,8 +148,8 @@ class Bench:
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n_concurrent)))
         rate = n_concurrent / (time.perf_counter() - started)
-        listen.cancel()
-        await asyncio.gather(listen, return_exceptions=True)
+        dispatcher.stop()
+        await listen
         await client.aclose()
         await listener.aclose()
         return times, rate

@@ -6,9 +6,14 @@ publish at once; a blocking pool queues them on a fixed number of connections.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import redis.asyncio as aioredis
 
 from broker.settings import Settings
+
+log = logging.getLogger("clawq.redis")
 
 
 def async_redis(settings: Settings) -> aioredis.Redis:
@@ -16,3 +21,16 @@ def async_redis(settings: Settings) -> aioredis.Redis:
         settings.redis_url, max_connections=settings.redis_max_connections, timeout=30
     )
     return aioredis.Redis(connection_pool=pool)
+
+
+async def retry_pause(exc: Exception, what: str, delay_s: float = 0.5) -> None:
+    """After a Redis error in a long-lived loop: log it and wait before the next try.
+
+    redis-py can turn a cancellation that lands in a blocking read into a connection
+    error; a loop that swallowed it would never stop, so a pending cancel is re-raised.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
+    log.warning("%s: %s; retrying", what, exc)
+    await asyncio.sleep(delay_s)

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from broker import keys
+from broker.connections import retry_pause
 from broker.messages import CallEnvelope, CallOutcome
 from broker.publisher import AsyncPublisher
 from broker.settings import Settings
@@ -42,6 +43,11 @@ class Dispatcher:
         self.settings = settings
         self.reply_key = keys.reply(orchestrator_id)
         self.pending: dict[tuple[str, int, str], Pending] = {}
+        self.stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """The listener returns after its current blocking read (at most a second)."""
+        self.stopping.set()
 
     async def call(self, envelope: CallEnvelope, queue: str) -> CallOutcome:
         """Send one call and wait for its outcome."""
@@ -73,13 +79,15 @@ class Dispatcher:
             pending.future.set_result(outcome)
 
     async def listen(self, client: aioredis.Redis) -> None:
-        """Resolve futures as outcomes are pushed; `client` is a connection of its own."""
-        while True:
+        """Resolve futures as outcomes are pushed; `client` is a connection of its own.
+
+        Stopped with `stop()`, not by cancelling: redis-py may retry a blocking read that a
+        cancellation interrupted, and the cancellation is then lost."""
+        while not self.stopping.is_set():
             try:
                 popped = await client.brpop([self.reply_key], timeout=1)
             except aioredis.RedisError as exc:  # reconnects on the next call
-                log.warning("reply listener: %s; retrying", exc)
-                await asyncio.sleep(0.5)
+                await retry_pause(exc, "reply listener")
                 continue
             if popped is None:
                 continue
@@ -95,7 +103,7 @@ class Dispatcher:
             try:
                 await self._sweep()
             except aioredis.RedisError as exc:
-                log.warning("watchdog sweep failed: %s", exc)
+                await retry_pause(exc, "watchdog sweep", 0)
 
     async def _sweep(self) -> None:
         items = list(self.pending.values())

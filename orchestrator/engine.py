@@ -29,7 +29,7 @@ from kombu.message import Message
 
 from broker import keys
 from broker.celery_app import create_app
-from broker.connections import async_redis
+from broker.connections import async_redis, retry_pause
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, JobSpec
 from broker.presence import process_id
 from broker.ratelimit import RateLimiter
@@ -106,9 +106,11 @@ class Orchestrator:
             for task in list(self.jobs.values()):
                 task.cancel()
             await asyncio.gather(*self.jobs.values(), return_exceptions=True)
-            for task in background:
+            self.dispatcher.stop()
+            for task in background[1:]:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            # bounded: redis-py can lose a cancellation that lands in a blocking read
+            await asyncio.wait(background, timeout=3)
             await self.redis.delete(keys.proc(self.id))
             await http.aclose()
             await self.store.close()
@@ -212,7 +214,7 @@ class Orchestrator:
                         pipe.pexpire(keys.lease(job_id), self._lease_ms)
                     await pipe.execute()
             except aioredis.RedisError as exc:
-                log.warning("heartbeat failed (%s); retrying", exc)
+                await retry_pause(exc, "heartbeat", 0)
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def control(self) -> None:
@@ -226,8 +228,7 @@ class Orchestrator:
                     if message.get("type") == "message":
                         self.on_control(json.loads(message["data"]))
             except aioredis.RedisError as exc:
-                log.warning("control channel: %s; resubscribing", exc)
-                await asyncio.sleep(0.5)
+                await retry_pause(exc, "control channel")
 
     def on_control(self, command: dict[str, Any]) -> None:
         if "approve" in command:
