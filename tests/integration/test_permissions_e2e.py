@@ -155,7 +155,31 @@ def test_approval_deny_allow_once_and_timeout(cluster: Cluster, workspace: Path)
     assert "protected path" in call.output and not (workspace / ".git" / "config").exists()
 
 
+def test_hook_rewrites_are_validated_and_results_are_scrubbed(
+    cluster: Cluster, workspace: Path
+) -> None:
+    job = cluster.client.submit(
+        "x",
+        workspace=str(workspace),
+        allow=["exec"],
+        script=calls(
+            ("rewrite", "exec", {"command": "echo rewrite-me > original.txt"}),
+            ("broken", "exec", {"command": "echo break-me"}),
+            ("secret", "exec", {"command": "echo api_key=abcd1234efgh5678 sk-" + "x" * 24}),
+        ),
+    )
+    by_id = {c.id: c for c in job.wait(timeout=60).tool_calls}
+    assert (workspace / "rewritten.txt").read_text() == "rewritten\n"
+    assert not (workspace / "original.txt").exists()
+    assert by_id["broken"].is_error and "rewrote the input badly" in by_id["broken"].output
+    assert reached_worker(cluster, job) == {"rewrite", "secret"}
+    secret = by_id["secret"].output
+    assert "abcd1234efgh5678" not in secret and "x" * 24 not in secret
+    assert secret.startswith("api_key=[REDACTED] [REDACTED]")
+
+
 def test_allow_always_holds_on_another_orchestrator(cluster: Cluster, workspace: Path) -> None:
+    """Last in this module: it stops the cluster's orchestrator."""
     env = {**os.environ, **cluster.env}
     second = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "orchestrator", "--log-level", "warning"],
