@@ -18,7 +18,8 @@ from tree_sitter import Language, Node, Parser
 MAX_COMMAND_CHARS = 10_000
 MAX_NESTING = 5
 SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "ash"})
-OUTPUT_REDIRECTS = frozenset({">", ">>", "&>", "&>>", ">|"})
+OUTPUT_REDIRECTS = frozenset({">", ">>", "&>", "&>>", ">|", ">&", "<>"})
+INPUT_REDIRECTS = frozenset({"<", "<&", "<>"})
 DYNAMIC_NODES = frozenset(
     {
         "command_substitution",
@@ -74,6 +75,7 @@ class SimpleCommand:
     argv: tuple[str, ...]  # words with static quoting removed; expansions kept as written
     assignments: tuple[str, ...] = ()  # FOO=bar before the command name
     writes_to: tuple[str, ...] = ()  # files its output is redirected to (not /dev/null)
+    reads_from: tuple[str, ...] = ()  # files its input is redirected from
     dynamic_name: bool = False  # the command name itself is computed ($CMD, $(...))
     wrapper: bool = False  # runs another listed command (env …, sudo …, sh -c '…')
 
@@ -102,6 +104,13 @@ def command_pattern(specifier: str) -> re.Pattern[str]:
 class ParsedShell:
     commands: list[SimpleCommand] = field(default_factory=list)
     error: str = ""  # why the line could not be judged; empty when it parsed
+    # each pipeline as its stages, each stage as indices into `commands`
+    pipelines: list[list[list[int]]] = field(default_factory=list)
+    # functions defined in the line → how many times each body calls the function itself
+    self_calls: dict[str, int] = field(default_factory=dict)
+
+    def stage_commands(self, stage: list[int]) -> list[SimpleCommand]:
+        return [self.commands[i] for i in stage]
 
     @property
     def ok(self) -> bool:
@@ -138,12 +147,37 @@ def _walk(
     node: Node, data: bytes, result: ParsedShell, depth: int, writes: tuple[str, ...]
 ) -> None:
     if node.type == "redirected_statement":
-        targets = writes + _output_targets(node, data)
+        targets = writes + _redirect_targets(node, data, OUTPUT_REDIRECTS)
+        first = len(result.commands)
         for child in node.children:
             if child.type not in ("file_redirect", "heredoc_redirect", "herestring_redirect"):
                 _walk(child, data, result, depth, targets)
             else:
                 _walk(child, data, result, depth, writes)  # substitutions inside redirects
+        if reads := _redirect_targets(node, data, INPUT_REDIRECTS):
+            for i in range(first, len(result.commands)):
+                result.commands[i] = replace(result.commands[i], reads_from=reads)
+        _heredoc_script(node, data, result, depth, first)
+        return
+    if node.type == "pipeline":
+        stages = []
+        for child in node.children:
+            if child.type in ("|", "|&"):
+                continue
+            start = len(result.commands)
+            _walk(child, data, result, depth, writes)
+            stages.append(list(range(start, len(result.commands))))
+        result.pipelines.append(stages)
+        return
+    if node.type == "function_definition":
+        name_node = node.child_by_field_name("name")
+        start = len(result.commands)
+        for child in node.children:
+            _walk(child, data, result, depth, writes)
+        if name_node is not None:
+            name = _text(name_node, data)
+            calls = sum(1 for c in result.commands[start:] if c.argv[:1] == (name,))
+            result.self_calls[name] = calls
         return
     if node.type == "command":
         command = _simple_command(node, data, writes)
@@ -153,17 +187,39 @@ def _walk(
         _walk(child, data, result, depth, writes if node.type != "command" else ())
 
 
-def _output_targets(node: Node, data: bytes) -> tuple[str, ...]:
+def _heredoc_script(node: Node, data: bytes, result: ParsedShell, depth: int, first: int) -> None:
+    """`sh <<EOF … EOF`: the heredoc body is a script the shell runs."""
+    body = next(
+        (
+            b
+            for c in node.children
+            if c.type == "heredoc_redirect"
+            for b in c.children
+            if b.type == "heredoc_body"
+        ),
+        None,
+    )
+    fed = result.commands[first] if first < len(result.commands) else None
+    runs_body = fed is not None and fed.name in SHELLS and _shell_script(fed) is None
+    if body is not None and runs_body and depth < MAX_NESTING:
+        _collect(_text(body, data), result, depth + 1)
+
+
+def _redirect_targets(node: Node, data: bytes, operators: frozenset[str]) -> tuple[str, ...]:
+    """Files a statement's redirects with these operators name (not fds, not /dev/null)."""
     targets = []
     for child in node.children:
         if child.type != "file_redirect":
             continue
-        operator = next((c for c in child.children if c.type in OUTPUT_REDIRECTS), None)
-        destination = child.children[-1]
-        if operator is None or destination.type == "file_descriptor":
+        parts = child.children
+        at = next((i for i, c in enumerate(parts) if c.type in operators), None)
+        if at is None or at + 1 >= len(parts):
+            continue
+        destination = parts[at + 1]  # what follows the operator (`0>&1` may trail it)
+        if destination.type == "file_descriptor":
             continue
         target = _word(destination, data)[0]
-        if target not in ("/dev/null", "&1", "&2") and not target.startswith("&"):
+        if target != "/dev/null" and not target.isdigit() and not target.startswith("&"):
             targets.append(target)
     return tuple(targets)
 
@@ -183,7 +239,9 @@ def _simple_command(node: Node, data: bytes, writes: tuple[str, ...]) -> SimpleC
             continue
         else:
             argv.append(_word(child, data)[0])
-    return SimpleCommand(tuple(argv), tuple(assignments), writes, dynamic_name)
+    return SimpleCommand(
+        tuple(argv), tuple(assignments), writes_to=writes, dynamic_name=dynamic_name
+    )
 
 
 def unwrap(argv: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -221,7 +279,12 @@ def _look_through_shell(command: SimpleCommand, result: ParsedShell, depth: int)
     inner = unwrap(command.argv)
     if inner is not None:
         result.commands[-1] = replace(command, wrapper=True)
-        wrapped = SimpleCommand(inner, (), command.writes_to, command.dynamic_name)
+        wrapped = SimpleCommand(
+            inner,
+            writes_to=command.writes_to,
+            reads_from=command.reads_from,
+            dynamic_name=command.dynamic_name,
+        )
         result.commands.append(wrapped)
         _look_through_shell(wrapped, result, depth + 1)
         return

@@ -62,3 +62,12 @@ def test_timeout_is_capped(workspace: Path) -> None:
     args = tool.input_model.model_validate({"command": "true", "timeout_s": 999})
     assert tool.timeout(args, runner.settings) == 2
     assert os.path.isdir(workspace)
+
+
+def test_dangerous_commands_never_run_even_when_sent_straight_to_a_worker(
+    run_tool: Runner, workspace: Path
+) -> None:
+    result = run_tool("exec", command="touch before && rm -rf ~ ; touch after")
+    assert result.is_error
+    assert result.for_llm.startswith("blocked (destructive file operation): `rm -rf ~`")
+    assert not (workspace / "before").exists() and not (workspace / "after").exists()
