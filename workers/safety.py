@@ -15,29 +15,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from workers.shell import SHELLS, ParsedShell, SimpleCommand
+from workers.shell import SHELLS, ParsedShell, SimpleCommand, parse_shell
 
 INTERPRETERS = SHELLS | {"python", "python2", "python3", "perl", "ruby", "node", "php", "lua"}
 DOWNLOADERS = frozenset({"curl", "wget", "fetch", "aria2c", "http", "https", "lwp-download"})
 DECODERS = frozenset({"base64", "base32", "xxd", "uudecode", "openssl", "gunzip", "zcat", "rev"})
-SENDERS = frozenset(
-    {
-        "curl",
-        "wget",
-        "nc",
-        "ncat",
-        "netcat",
-        "socat",
-        "scp",
-        "rsync",
-        "sftp",
-        "ftp",
-        "telnet",
-        "ssh",
-        "http",
-        "https",
-    }
-)
+NETCATS = frozenset({"nc", "ncat", "netcat", "socat", "telnet"})
+SENDERS = NETCATS | {"curl", "wget", "scp", "rsync", "sftp", "ftp", "http", "https"}
+# per tool, options whose value is a credential the tool uses, not one it sends
+_SSH_USE = frozenset({"-i", "-F", "-o"})
+_CURL_USE = frozenset({"-E", "--cert", "--key", "--cacert", "--capath"})
+CREDENTIAL_USE = {
+    "scp": _SSH_USE,
+    "sftp": _SSH_USE,
+    "rsync": _SSH_USE,
+    "curl": _CURL_USE,
+    "wget": frozenset({"--certificate", "--private-key", "--ca-certificate"}),
+}
 DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|md|dm-|loop|mapper/)")
 SENSITIVE = re.compile(
     r"(^|/)(\.ssh(/|$)|id_(rsa|dsa|ecdsa|ed25519)|\.aws/credentials|\.netrc|\.pgpass|"
@@ -80,13 +74,16 @@ def _long(flags: set[str], name: str) -> bool:
 
 def _outside(path: str) -> bool:
     """A path that leaves the working directory: absolute, home, computed, or `..`."""
-    return path.startswith(("/", "~", "$")) or ".." in PurePosixPath(path).parts
+    path = path.strip("\"'")
+    if path.startswith(("/", "~", "$")):
+        return True
+    return ".." in PurePosixPath(os.path.normpath(path)).parts
 
 
 def _dangerous_target(path: str) -> bool:
     """A target whose recursive removal is never an agent's business: outside the working
     directory, or all of it (`.`, `*`, `./*`)."""
-    return _outside(path) or os.path.normpath(path) in ("*", ".", ".*")
+    return _outside(path) or os.path.normpath(path.strip("\"'")) in ("*", ".", ".*")
 
 
 def _destructive(c: SimpleCommand) -> str | None:
@@ -113,7 +110,10 @@ def _destructive(c: SimpleCommand) -> str | None:
 
 
 def _disk(c: SimpleCommand) -> str | None:
-    if c.name.startswith("mkfs") or c.name in ("wipefs", "mkswap"):
+    if re.fullmatch(r"mkfs(\.\w+)?|mke2fs|mkdosfs|mkntfs", c.name) or c.name in (
+        "wipefs",
+        "mkswap",
+    ):
         return "formats a disk"
     if c.name == "dd" and any(a.startswith("of=/dev/") and DEVICE.match(a[3:]) for a in c.argv):
         return "writes raw blocks to a disk"
@@ -144,11 +144,14 @@ def _system(c: SimpleCommand) -> str | None:
 
 
 def _reverse_shell(c: SimpleCommand) -> str | None:
-    words = " ".join((*c.argv, *c.writes_to, *c.reads_from))
-    if "/dev/tcp/" in words or "/dev/udp/" in words:
+    redirects = " ".join((*c.writes_to, *c.reads_from))
+    if "/dev/tcp/" in redirects or "/dev/udp/" in redirects:
         return "opens a raw network connection through /dev/tcp"
+    words = " ".join(c.argv)
     flags, _ = _flags(c.argv)
-    if c.name in ("nc", "ncat", "netcat") and flags & {"e", "c"}:
+    if c.name in ("nc", "ncat", "netcat") and (
+        flags & {"e", "c"} or _long(flags, "exec") or _long(flags, "sh-exec")
+    ):
         return "binds a shell to a network connection"
     if c.name == "socat" and any(re.match(r"(?i)(exec|system):", a) for a in c.argv[1:]):
         return "binds a program to a network connection"
@@ -170,7 +173,10 @@ def _privilege(c: SimpleCommand) -> str | None:
         return "sets the setuid/setgid bit"
     if c.name == "setcap":
         return "grants file capabilities"
-    if any(t.startswith(("/etc/sudoers", "/etc/passwd", "/etc/shadow")) for t in c.writes_to):
+    system_files = ("/etc/sudoers", "/etc/passwd", "/etc/shadow")
+    if any(t.startswith(system_files) for t in c.writes_to) or (
+        c.name == "tee" and any(a.startswith(system_files) for a in c.argv[1:])
+    ):
         return "writes the system's user or sudo files"
     return None
 
@@ -232,11 +238,18 @@ def _pipelines(parsed: ParsedShell) -> Finding | None:
                                 text,
                                 "sends a credential file over the network",
                             )
+                        if _reads_stdin_script(source) and sink.name in NETCATS:
+                            return Finding(
+                                "reverse shell", text, "connects a shell's output to the network"
+                            )
+                        if source.name in NETCATS and _reads_stdin_script(sink):
+                            return Finding("reverse shell", text, "feeds network input to a shell")
     return None
 
 
 def _sensitive_reader(c: SimpleCommand) -> bool:
-    return any(SENSITIVE.search(_home(a)) for a in c.argv[1:] if not a.startswith("-"))
+    args = [a for a in c.argv[1:] if not a.startswith("-")] + list(c.reads_from)
+    return any(SENSITIVE.search(_home(a)) for a in args)
 
 
 def _home(path: str) -> str:
@@ -246,12 +259,20 @@ def _home(path: str) -> str:
 def _exfiltration(c: SimpleCommand) -> str | None:
     if c.name not in SENDERS:
         return None
+    skip = False
     for arg in c.argv[1:]:
-        value = (
-            arg.split("@", 1)[1] if "@" in arg and not re.match(r"^[\w.-]+@[\w.-]+:", arg) else arg
-        )
-        if SENSITIVE.search(_home(value.lstrip("="))):
+        if skip:
+            skip = False
+            continue
+        if arg.split("=", 1)[0] in CREDENTIAL_USE.get(c.name, ()):
+            skip = "=" not in arg
+            continue
+        remote = re.match(r"^[\w.-]+@[\w.-]+:", arg)  # user@host:path is a destination
+        value = "" if remote else re.split(r"[=@]", arg)[-1]
+        if SENSITIVE.search(_home(value)):
             return "sends a credential file over the network"
+    if any(SENSITIVE.search(_home(r)) for r in c.reads_from):
+        return "sends a credential file over the network"
     return None
 
 
@@ -268,4 +289,19 @@ def judge(parsed: ParsedShell) -> Finding | None:
         for category, check in [*COMMAND_CHECKS, ("data exfiltration", _exfiltration)]:
             if why := check(command):
                 return Finding(category, command.text, why)
+    return None
+
+
+RAW_REVERSE_SHELL = re.compile(r"/dev/(tcp|udp)/")
+
+
+def judge_line(line: str) -> Finding | None:
+    """`judge` for a raw line. A line that does not parse is left to approval, except for
+    what is dangerous in any syntax (a /dev/tcp socket, e.g. `exec 5<>/dev/tcp/h/80`,
+    which tree-sitter-bash cannot parse)."""
+    parsed = parse_shell(line)
+    if parsed.ok:
+        return judge(parsed)
+    if RAW_REVERSE_SHELL.search(line):
+        return Finding("reverse shell", line.strip()[:200], "opens a raw network connection")
     return None

@@ -179,3 +179,32 @@ def test_submit_rejects_bad_input_and_queues_nothing(cluster: Cluster, workspace
     cluster.client.submit("ok", workspace=str(workspace), script=good).wait(timeout=30)
     after = cluster.client.store.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()
     assert after is not None and after["n"] == before + 1
+
+
+def test_dangerous_command_from_the_model_leaves_its_target_untouched(
+    cluster: Cluster, workspace: Path, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    job = cluster.client.submit(
+        "clean up",
+        workspace=str(workspace),
+        allow=["exec"],
+        permission_mode="bypassPermissions",
+        script=script(
+            {
+                "tool_calls": [
+                    call("rm", "exec", command=f"echo cleaning && rm -Rf {victim}"),
+                    call("sh", "exec", command=f"env bash -c 'rm --recursive --force {victim}'"),
+                ]
+            },
+            {"text": "done"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert (victim / "keep.txt").read_text() == "precious"
+    for c in result.tool_calls:
+        assert c.is_error and c.output.startswith("blocked (destructive file operation): `rm")
+    denied = [e.data for e in job.events() if e.type == "tool_call_denied"]
+    assert [(d["call_id"], d["layer"]) for d in denied] == [("rm", "tool"), ("sh", "tool")]

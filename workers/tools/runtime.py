@@ -18,7 +18,7 @@ from pydantic import Field
 from broker.messages import Group
 from broker.settings import Settings
 from workers.paths import PROTECTED_DIRS
-from workers.safety import judge
+from workers.safety import judge_line
 from workers.shell import ParsedShell, command_pattern, parse_shell
 from workers.tool import (
     Permission,
@@ -86,11 +86,11 @@ class Exec(Tool[ExecInput]):
         )
 
     def permission_check(self, args: ExecInput, workspace: str) -> tuple[Permission, str] | None:
+        if finding := judge_line(args.command):
+            return "deny", finding.message()
         parsed = _judged(args)
         if not parsed.ok:
             return "ask", f"{parsed.error}, so it cannot be checked against the rules"
-        if finding := judge(parsed):
-            return "deny", finding.message()
         if any(c.dynamic_name for c in parsed.commands):
             return "ask", "a command name is computed at run time"
         return None
@@ -108,8 +108,7 @@ class Exec(Tool[ExecInput]):
         return min(args.timeout_s or settings.exec_timeout_s, settings.exec_max_timeout_s)
 
     def run(self, args: ExecInput, ctx: ToolContext) -> ToolResult:
-        parsed = _judged(args)  # again here: the queue is a trust boundary
-        if parsed.ok and (finding := judge(parsed)):
+        if finding := judge_line(args.command):  # again here: the queue is a trust boundary
             raise ToolError(finding.message())
         ws = workspace(ctx)
         cwd = ws.resolve(args.working_dir)
