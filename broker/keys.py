@@ -50,3 +50,8 @@ def rate(session_key: str) -> str:
 def approval(request_id: str) -> str:
     """A pending approval request, and (`:answer`) its answer."""
     return f"{PREFIX}:approval:{request_id}"
+
+
+def sandbox_used(container: str) -> str:
+    """Present while a sandbox container has been used within the idle timeout."""
+    return f"{PREFIX}:sandbox:{container}"

@@ -39,7 +39,7 @@ class Heartbeat:
         self.info = {**info, "host": socket.gethostname(), "pid": os.getpid(), "id": proc_id}
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
-        self._stop = threading.Event()
+        self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clawq-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -50,11 +50,11 @@ class Heartbeat:
         self.client.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stopped.set()
         self.client.delete(keys.proc(self.proc_id))
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self.stopped.wait(self.interval_s):
             try:
                 self.beat()
             except redis.RedisError:

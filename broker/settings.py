@@ -5,6 +5,8 @@ Nothing reads the environment at import time; every limit is here with the seed'
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -63,6 +65,19 @@ class Settings(BaseSettings):
     approval_timeout_s: float = Field(120.0, gt=0, description="unanswered approval → deny")
     rate_limit_per_hour: int = Field(150, ge=0, description="tool calls per session; 0: off")
     max_spawn_depth: int = Field(1, ge=0, description="subagent nesting depth")
+
+    # the Docker sandbox for exec (off: commands run on the worker's host)
+    sandbox_enabled: bool = False
+    sandbox_docker_url: str = Field("", description="Docker API; empty: DOCKER_HOST or the default")
+    sandbox_image: str = "clawq-sandbox:latest"
+    sandbox_scope: Literal["session", "agent"] = "session"
+    sandbox_network: str = Field("none", description="Docker network mode; none: no network")
+    sandbox_memory: str = "512m"
+    sandbox_cpus: float = Field(1.0, gt=0)
+    sandbox_pids: int = Field(256, ge=16)
+    sandbox_user: str = Field("", description="uid:gid; empty: the workspace owner (not root)")
+    sandbox_idle_s: float = Field(600.0, gt=0, description="idle containers are removed")
+    exec_sandbox_timeout_s: float = Field(300.0, gt=0, description="exec in the sandbox")
 
     # workers
     worker_concurrency: int = Field(4, ge=1)

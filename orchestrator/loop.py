@@ -241,7 +241,11 @@ class JobRun:
                 input=ready.args.model_dump(mode="json", exclude_unset=True),
                 context=CallContext(
                     workspace=self.spec.workspace,
-                    sandbox_key=self.session_id,
+                    sandbox_key=(
+                        self.session_id
+                        if self.s.settings.sandbox_scope == "session"
+                        else self.spec.agent_id
+                    ),
                     writable_paths=ready.writable,
                     hidden_paths=self.hidden,
                 ),

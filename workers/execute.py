@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from broker import keys
 from broker.ledger import Ledger
 from broker.messages import CallEnvelope, CallOutcome
 from broker.presence import Heartbeat, process_id
 from broker.settings import Settings
 from workers.registry import Registry
+from workers.sandbox import Sandbox, SandboxError
 from workers.scrub import Scrubber, secrets_of
 from workers.tool import ToolContext, ToolError, ToolResult
 
@@ -38,6 +41,7 @@ class WorkerRuntime:
     ledger: Ledger
     heartbeat: Heartbeat
     scrub: Scrubber
+    sandbox: Sandbox | None = None
 
     @classmethod
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
@@ -53,7 +57,32 @@ class WorkerRuntime:
         heartbeat.start()
         ledger = Ledger(client, settings.ledger_ttl_s)
         scrub = Scrubber(secrets_of(settings))
-        return cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
+        runtime = cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
+        if settings.sandbox_enabled:
+            runtime.sandbox = Sandbox(settings, on_use=runtime.sandbox_used)
+            threading.Thread(
+                target=runtime.reap_sandboxes, name="clawq-reaper", daemon=True
+            ).start()
+        return runtime
+
+    def sandbox_used(self, container: str) -> None:
+        self.redis.set(
+            keys.sandbox_used(container), self.proc_id, ex=int(self.settings.sandbox_idle_s)
+        )
+
+    def reap_sandboxes(self) -> None:
+        """Remove sandbox containers idle for longer than the setting (any worker may)."""
+        interval = min(60.0, self.settings.sandbox_idle_s / 4)
+        while not self.heartbeat.stopped.wait(interval):
+            try:
+                assert self.sandbox is not None
+                removed = self.sandbox.reap(
+                    lambda name: bool(self.redis.exists(keys.sandbox_used(name)))
+                )
+                for name in removed:
+                    log.info("removed idle sandbox %s", name)
+            except (SandboxError, redis.RedisError) as exc:
+                log.warning("sandbox reaper: %s", exc)
 
     def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
         """Execute (or answer from the ledger) and push the outcome; None if skipped."""
@@ -111,6 +140,7 @@ class WorkerRuntime:
             settings=self.settings,
             job_id=envelope.job_id,
             call_id=envelope.call_id,
+            sandbox=self.sandbox,
         )
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)
 

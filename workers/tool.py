@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from broker.messages import CallContext, Group
 from broker.settings import Settings
+from workers.sandbox import Sandbox
 
 Permission = Literal["allow", "ask", "deny"]
 RuleKind = Literal["allow", "ask", "deny"]
@@ -57,6 +58,7 @@ class ToolContext:
     settings: Settings
     job_id: str = ""
     call_id: str = ""
+    sandbox: Sandbox | None = None  # this process's sandbox when it is enabled
     extra: dict[str, Any] = field(default_factory=dict)
 
 

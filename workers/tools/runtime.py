@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,6 +20,7 @@ from broker.messages import Group
 from broker.settings import Settings
 from workers.paths import PROTECTED_DIRS
 from workers.safety import judge_line
+from workers.sandbox import Sandbox, SandboxError
 from workers.shell import ParsedShell, command_pattern, parse_shell
 from workers.tool import (
     Permission,
@@ -105,7 +107,10 @@ class Exec(Tool[ExecInput]):
         return [f"exec({c.text})" for c in parsed.commands if not c.wrapper] or ["exec"]
 
     def timeout(self, args: ExecInput, settings: Settings) -> float:
-        return min(args.timeout_s or settings.exec_timeout_s, settings.exec_max_timeout_s)
+        default = (
+            settings.exec_sandbox_timeout_s if settings.sandbox_enabled else settings.exec_timeout_s
+        )
+        return min(args.timeout_s or default, settings.exec_max_timeout_s)
 
     def run(self, args: ExecInput, ctx: ToolContext) -> ToolResult:
         if finding := judge_line(args.command):  # again here: the queue is a trust boundary
@@ -115,48 +120,90 @@ class Exec(Tool[ExecInput]):
         if not os.path.isdir(cwd):
             raise ToolError(f"working_dir '{args.working_dir}' is not a directory")
         timeout = self.timeout(args, ctx.settings)
-        cap = ctx.settings.exec_output_cap_bytes
-        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env["PWD"] = cwd
         started = time.monotonic()
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", args.command],
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group, killed as a whole
-            preexec_fn=_die_with_parent,
+        if ctx.settings.sandbox_enabled:
+            if ctx.sandbox is None:
+                raise ToolError("the sandbox is enabled but this worker has none; not running")
+            done = _in_sandbox(ctx.sandbox, ctx, ws.root, cwd, args.command, timeout)
+        else:
+            done = _on_host(cwd, args.command, timeout, ctx.settings.exec_output_cap_bytes)
+        return _result(args.command, done, timeout, time.monotonic() - started)
+
+
+@dataclass
+class _Done:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    where: str
+
+
+def _on_host(cwd: str, command: str, timeout: float, cap: int) -> _Done:
+    env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env["PWD"] = cwd
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, killed as a whole
+        preexec_fn=_die_with_parent,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out = _Capture(proc.stdout, cap)
+    err = _Capture(proc.stderr, cap)
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        _kill_group(proc)
+        proc.wait()
+    out.join()
+    err.join()
+    return _Done(None if timed_out else proc.returncode, out.text(), err.text(), timed_out, "host")
+
+
+def _in_sandbox(
+    sandbox: Sandbox, ctx: ToolContext, root: str, cwd: str, command: str, timeout: float
+) -> _Done:
+    cap = ctx.settings.exec_output_cap_bytes
+    key = ctx.context.sandbox_key or ctx.job_id
+    try:
+        run = sandbox.run(key, root, command, cwd, timeout, cap, {"HOME": "/tmp"})
+    except SandboxError as exc:
+        raise ToolError(f"sandbox error, command not run: {exc}") from exc
+    marker = TRUNCATED.format(cap=cap) if run.truncated else ""
+    return _Done(
+        run.exit_code,
+        run.stdout.decode(errors="replace") + marker,
+        run.stderr.decode(errors="replace"),
+        run.timed_out,
+        f"sandbox {run.container}",
+    )
+
+
+def _result(command: str, done: _Done, timeout: float, elapsed: float) -> ToolResult:
+    text = done.stdout
+    if done.stderr:
+        text += ("\n" if text and not text.endswith("\n") else "") + "[stderr]\n" + done.stderr
+    if done.timed_out:
+        message = f"{text}\n[command timed out after {timeout:g}s and was killed]".lstrip()
+        return ToolResult.error(
+            message, exit_code=None, timed_out=True, seconds=elapsed, where=done.where
         )
-        assert proc.stdout is not None and proc.stderr is not None
-        out = _Capture(proc.stdout, cap)
-        err = _Capture(proc.stderr, cap)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_group(proc)
-            proc.wait()
-        out.join()
-        err.join()
-        elapsed = time.monotonic() - started
-        text = out.text()
-        if err.data:
-            text += ("\n" if text and not text.endswith("\n") else "") + "[stderr]\n" + err.text()
-        if timed_out:
-            message = f"{text}\n[command timed out after {timeout:g}s and was killed]".lstrip()
-            return ToolResult.error(message, exit_code=None, timed_out=True, seconds=elapsed)
-        text = (text.rstrip("\n") + "\n" if text else "") + f"[exit code {proc.returncode}]"
-        return ToolResult(
-            for_llm=text,
-            for_user=f"$ {args.command}  (exit {proc.returncode})",
-            is_error=proc.returncode != 0,
-            metadata={"exit_code": proc.returncode, "seconds": round(elapsed, 3)},
-        )
+    text = (text.rstrip("\n") + "\n" if text else "") + f"[exit code {done.exit_code}]"
+    return ToolResult(
+        for_llm=text,
+        for_user=f"$ {command}  (exit {done.exit_code})",
+        is_error=done.exit_code != 0,
+        metadata={"exit_code": done.exit_code, "seconds": round(elapsed, 3), "where": done.where},
+    )
 
 
 _PR_SET_PDEATHSIG = 1

@@ -1,0 +1,239 @@
+"""exec in the Docker sandbox, against a real Docker-API engine (podman in CI): the command
+runs in a container, not on the host, as a non-root user, with no network, within limits;
+containers are reused per key and cleaned up; any sandbox error fails the call."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from broker.messages import CallContext
+from broker.settings import Settings
+from tests.container_engine import EngineUnavailable, docker_url, ensure_image
+from workers.execute import run_tool
+from workers.registry import default_registry
+from workers.sandbox import LABEL, Sandbox
+from workers.tool import ToolContext, ToolResult
+
+REGISTRY = default_registry()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[str, str]]:
+    try:
+        url = docker_url()
+        image = ensure_image(url)
+    except EngineUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the sandbox tests need a container engine in CI: {exc}")
+        pytest.skip(str(exc))
+    yield url, image
+    client = docker.DockerClient(base_url=url)
+    for ctr in client.containers.list(all=True, filters={"label": LABEL}):
+        ctr.remove(force=True)
+    client.close()
+
+
+@pytest.fixture
+def settings(engine: tuple[str, str]) -> Settings:
+    url, image = engine
+    return Settings(
+        sandbox_enabled=True,
+        sandbox_docker_url=url,
+        sandbox_image=image,
+        sandbox_memory="128m",
+        sandbox_pids=64,
+    )
+
+
+@pytest.fixture
+def make_sandbox() -> Iterator[Callable[[Settings], Sandbox]]:
+    made: list[Sandbox] = []
+
+    def make(settings: Settings) -> Sandbox:
+        made.append(Sandbox(settings))
+        return made[-1]
+
+    yield make
+    for sandbox in made:
+        sandbox.close()
+
+
+@pytest.fixture
+def sandbox_ws(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, 65534, 65534)  # owned by the sandbox user, as a deployment would
+    return ws
+
+
+def exec_call(
+    settings: Settings, sandbox: Sandbox | None, ws: Path, key: str, **args: Any
+) -> ToolResult:
+    ctx = ToolContext(
+        CallContext(workspace=str(ws), sandbox_key=key), settings, job_id="j", sandbox=sandbox
+    )
+    return run_tool(REGISTRY, "exec", args, ctx)
+
+
+def test_runs_in_a_container_not_on_the_host(
+    make_sandbox: Callable[[Settings], Sandbox],
+    settings: Settings,
+    sandbox_ws: Path,
+    tmp_path: Path,
+) -> None:
+    host_marker = tmp_path / "host-only"
+    host_marker.write_text("x")
+    sandbox = make_sandbox(settings)
+    result = exec_call(
+        settings,
+        sandbox,
+        sandbox_ws,
+        "k-host",
+        command=f"id -u; cat /etc/passwd | wc -l; ls {host_marker} || true; "
+        "echo made > made.txt; pwd",
+    )
+    lines = result.for_llm.splitlines()
+    assert lines[0] == "65534" and lines[1] == "2"  # non-root, the image's two users
+    assert "No such file" in result.for_llm  # the host's files are not there
+    assert "/workspace" in lines and (sandbox_ws / "made.txt").read_text() == "made\n"
+    assert result.metadata["where"].startswith("sandbox clawq-sbx-")
+
+
+def test_no_network_and_limits(
+    make_sandbox: Callable[[Settings], Sandbox],
+    settings: Settings,
+    sandbox_ws: Path,
+    engine: tuple[str, str],
+) -> None:
+    sandbox = make_sandbox(settings)
+    net = exec_call(
+        settings,
+        sandbox,
+        sandbox_ws,
+        "k-limits",
+        command="wget -q -T 2 -O- http://10.255.255.1/ || echo no-network",
+    )
+    assert "no-network" in net.for_llm
+    forks = exec_call(
+        settings,
+        sandbox,
+        sandbox_ws,
+        "k-limits",
+        command="for i in $(seq 100); do sleep 5 & done 2>&1 | tail -1; echo end",
+    )
+    assert "can't fork" in forks.for_llm or "Resource temporarily unavailable" in forks.for_llm
+    client = docker.DockerClient(base_url=engine[0])
+    (ctr,) = [c for c in client.containers.list(filters={"label": f"{LABEL}=k-limits"})]
+    host = ctr.attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["Memory"] == 128 * 1024 * 1024 and host["PidsLimit"] == 64
+    assert host["NanoCpus"] == 1_000_000_000
+    client.close()
+
+
+def test_containers_are_reused_per_key_and_removed_when_idle(
+    make_sandbox: Callable[[Settings], Sandbox],
+    settings: Settings,
+    sandbox_ws: Path,
+    engine: tuple[str, str],
+) -> None:
+    sandbox = make_sandbox(settings)
+    first = exec_call(settings, sandbox, sandbox_ws, "k-a", command="hostname")
+    again = exec_call(settings, sandbox, sandbox_ws, "k-a", command="hostname")
+    other = exec_call(settings, sandbox, sandbox_ws, "k-b", command="hostname")
+    assert first.for_llm == again.for_llm != other.for_llm
+    assert first.metadata["where"] == again.metadata["where"] != other.metadata["where"]
+    name_a = first.metadata["where"].split()[1]
+    removed = sandbox.reap(lambda name: name != name_a)  # only k-a is idle
+    assert removed == [name_a]
+    client = docker.DockerClient(base_url=engine[0])
+    names = {c.name for c in client.containers.list(all=True, filters={"label": LABEL})}
+    assert name_a not in names and other.metadata["where"].split()[1] in names
+    client.close()
+
+
+def test_timeout_kills_the_command_and_its_children(
+    make_sandbox: Callable[[Settings], Sandbox], settings: Settings, sandbox_ws: Path
+) -> None:
+    sandbox = make_sandbox(settings)
+    started = time.monotonic()
+    result = exec_call(
+        settings,
+        sandbox,
+        sandbox_ws,
+        "k-timeout",
+        command="sleep 30 & sleep 30; touch late",
+        timeout_s=1,
+    )
+    assert time.monotonic() - started < 10
+    assert result.is_error and "timed out after 1s" in result.for_llm
+    left = exec_call(settings, sandbox, sandbox_ws, "k-timeout", command="ps")
+    assert "sleep 30" not in left.for_llm and not (sandbox_ws / "late").exists()
+
+
+def test_sandbox_errors_fail_closed(
+    make_sandbox: Callable[[Settings], Sandbox], sandbox_ws: Path, tmp_path: Path
+) -> None:
+    broken = Settings(sandbox_enabled=True, sandbox_docker_url="unix:///nonexistent.sock")
+    marker = tmp_path / "ran-on-host"
+    result = exec_call(broken, make_sandbox(broken), sandbox_ws, "k-x", command=f"touch {marker}")
+    assert result.is_error and result.for_llm.startswith("sandbox error, command not run")
+    assert not marker.exists()
+    missing = exec_call(broken, None, sandbox_ws, "k-x", command=f"touch {marker}")
+    assert missing.is_error and not marker.exists()
+
+
+def test_missing_image_fails_closed(
+    make_sandbox: Callable[[Settings], Sandbox],
+    settings: Settings,
+    sandbox_ws: Path,
+    tmp_path: Path,
+) -> None:
+    bad = settings.model_copy(update={"sandbox_image": "localhost/no-such-image:1"})
+    result = exec_call(bad, make_sandbox(bad), sandbox_ws, "k-noimage", command="true")
+    assert result.is_error and "sandbox" in result.for_llm
+
+
+def test_a_job_runs_its_commands_in_the_sandbox(
+    engine: tuple[str, str], sandbox_ws: Path, tmp_path: Path
+) -> None:
+    from tests.integration.conftest import start_cluster
+
+    url, image = engine
+    marker = tmp_path / "host-marker"
+    cluster_iter = start_cluster(sandbox_enabled=True, sandbox_docker_url=url, sandbox_image=image)
+    cluster = next(cluster_iter)
+    try:
+        job = cluster.client.submit(
+            "in the box",
+            workspace=str(sandbox_ws),
+            allow=["exec"],
+            script={
+                "turns": [
+                    {
+                        "tool_calls": [
+                            {
+                                "id": "x",
+                                "name": "exec",
+                                "input": {
+                                    "command": f"id -u; touch {marker} || true; echo in > box.txt"
+                                },
+                            }
+                        ]
+                    },
+                    {"text": "done"},
+                ]
+            },
+        )
+        (call,) = job.wait(timeout=60).tool_calls
+        assert call.output.startswith("65534\n") and not marker.exists()
+        assert (sandbox_ws / "box.txt").read_text() == "in\n"
+    finally:
+        next(cluster_iter, None)
