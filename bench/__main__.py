@@ -13,6 +13,7 @@ db and a PostgreSQL schema of its own, removed afterwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -43,6 +44,7 @@ console = Console()
 ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
 THROUGHPUT_CALLS = int(os.environ.get("BENCH_CALLS", "3000"))
 JOBS = int(os.environ.get("BENCH_JOBS", "1000"))
+SCALE_CALLS = int(os.environ.get("BENCH_SCALE_CALLS", "100"))  # per worker process
 PY = sys.executable
 
 
@@ -212,6 +214,66 @@ class Bench:
             self.redis.lpush("bench:req", "stop")
         return times
 
+    # -- (d): horizontal scale of the runtime group -----------------------------------------
+
+    async def exec_rate(self, calls: int, workspace: str) -> float:
+        app = create_app(self.settings)
+        client = async_redis(self.settings)
+        listener = aioredis.Redis.from_url(self.redis_url)
+        dispatcher = Dispatcher(app, client, self.settings, f"bench-scale-{uuid.uuid4().hex[:6]}")
+        listen = asyncio.create_task(dispatcher.listen(listener))
+        job = uuid.uuid4().hex
+
+        async def one(i: int) -> None:
+            envelope = CallEnvelope(
+                call_id=f"s{i}",
+                job_id=job,
+                turn=0,
+                session_id=job,
+                tool="exec",
+                input={"command": "sleep 0.05"},
+                context=CallContext(workspace=workspace),
+                timeout_s=30,
+                deadline=time.time() + 600,
+                reply_to=dispatcher.reply_key,
+            )
+            outcome = await dispatcher.call(envelope, "runtime")
+            assert not outcome.is_error, outcome.for_llm
+
+        await one(-1)  # warm up every path once
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(calls)))
+        rate = calls / (time.perf_counter() - started)
+        dispatcher.stop()
+        await listen
+        await client.aclose()
+        await listener.aclose()
+        return rate
+
+    def scaling(self, counts: tuple[int, ...] = (1, 2, 4)) -> list[tuple[int, float]]:
+        """exec `sleep 0.05` through N runtime worker processes (one executor each)."""
+        workspace = tempfile.mkdtemp(prefix="clawq-bench-")
+        cli = [
+            PY,
+            "-m",
+            "orchestrator.cli",
+            "worker",
+            "--group",
+            "runtime",
+            "--concurrency",
+            "1",
+            "--log-level",
+            "warning",
+        ]
+        rows = []
+        for n in counts:
+            with contextlib.ExitStack() as stack:
+                for _ in range(n):
+                    stack.enter_context(process(cli, self.env))
+                wait_for(self.workers_ready("runtime", n))
+                rows.append((n, asyncio.run(self.exec_rate(SCALE_CALLS * n, workspace))))
+        return rows
+
     # -- (c): many jobs on one orchestrator ----------------------------------------------
 
     def many_jobs(self) -> dict[str, float]:
@@ -350,6 +412,14 @@ def main() -> None:
             f"{c['p99_ms']:.1f}",
             f"{c['peak_rss_mb']:.0f}",
         )
+        console.print(table)
+        rows = bench.scaling()
+        table = Table(title="(d) runtime group scaling: exec `sleep 0.05`, N worker processes")
+        for col in ("worker processes", "calls/s", "vs 1 process", "efficiency vs linear"):
+            table.add_column(col, justify="right")
+        base = rows[0][1]
+        for n, rate in rows:
+            table.add_row(str(n), f"{rate:.1f}", f"{rate / base:.2f}x", f"{rate / (base * n):.2f}")
         console.print(table)
     finally:
         bench.close()
