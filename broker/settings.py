@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     user_permissions: dict[str, PermissionRules] = Field(default_factory=dict)
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     approval_timeout_s: float = Field(120.0, gt=0, description="unanswered approval → deny")
+    # exec approvals (goclaw §4): which commands run, and when a person is asked
+    exec_security: Literal["deny", "allowlist", "full"] = "allowlist"
+    exec_ask: Literal["off", "on-miss", "always"] = "on-miss"
+    exec_allowlist: list[str] = Field(
+        default_factory=list, description="command patterns, each judged per sub-command"
+    )
     rate_limit_per_hour: int = Field(150, ge=0, description="tool calls per session; 0: off")
     max_spawn_depth: int = Field(1, ge=0, description="subagent nesting depth")
 

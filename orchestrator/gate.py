@@ -24,7 +24,7 @@ from broker.store import AsyncStore
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import ToolCall
 from orchestrator.hooks import Event, HookInput, Hooks
-from orchestrator.permissions import Decision, decide
+from orchestrator.permissions import Behavior, Decision, decide
 from orchestrator.rules import Rule
 from workers.registry import Registry
 from workers.tool import Tool, ToolInput, ToolResult
@@ -61,6 +61,7 @@ class Gate:
     limiter: RateLimiter
     approval_timeout_s: float
     emit: Emit
+    defaults: dict[str, Behavior] = field(default_factory=dict)  # tool default overrides
 
     async def check(self, turn: int, call: ToolCall, seen: set[str]) -> Ready | Refused:
         if call.id in seen:
@@ -87,7 +88,13 @@ class Gate:
             args = reparsed[1]
             call = call.model_copy(update={"input": hooked.updated_input})
         decision = decide(
-            tool, args, self.rules, self.spec.permission_mode, self.spec.workspace, hooked.verdict
+            tool,
+            args,
+            self.rules,
+            self.spec.permission_mode,
+            self.spec.workspace,
+            hooked.verdict,
+            self.defaults,
         )
         if decision.behavior == "ask" and decision.layer == "default":
             decision = await self.granted(tool, args) or decision

@@ -34,7 +34,7 @@ from orchestrator.conversation import Message, ToolCall, ToolResultBlock
 from orchestrator.dispatch import Dispatcher
 from orchestrator.gate import Gate, Ready, Refused
 from orchestrator.hooks import Hooks
-from orchestrator.permissions import hidden_paths, job_rules
+from orchestrator.permissions import exec_approvals, hidden_paths, job_rules
 from orchestrator.policy import PolicyEngine, PolicyError
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.rules import RuleError
@@ -100,6 +100,7 @@ class JobRun:
             s.limiter,
             s.settings.approval_timeout_s,
             self.emit,
+            exec_approvals(s.settings)[1],
         )
 
     async def emit(self, type_: EventType, **data: Any) -> None:

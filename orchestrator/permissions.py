@@ -36,12 +36,30 @@ class HookVerdict:
     source: str = ""
 
 
+def exec_approvals(settings: Settings) -> tuple[PermissionRules, dict[str, Behavior]]:
+    """goclaw's exec approval modes as rules: security `deny` / `allowlist` / `full` and ask
+    `off` / `on-miss` / `always`; with ask `off`, a command the allowlist misses is denied
+    instead of asked."""
+    rules = PermissionRules()
+    if settings.exec_security == "deny":
+        rules.deny.append("exec")
+    elif settings.exec_security == "full":
+        rules.allow.append("exec")
+    else:
+        rules.allow += [f"exec({pattern})" for pattern in settings.exec_allowlist]
+    if settings.exec_ask == "always":
+        rules.ask.append("exec")
+    defaults: dict[str, Behavior] = {"exec": "deny"} if settings.exec_ask == "off" else {}
+    return rules, defaults
+
+
 def job_rules(
     settings: Settings, job: PermissionRules, agent: str = "main", user: str = ""
 ) -> list[Rule]:
-    """Rules of every source, highest first: managed, job, agent, user."""
+    """Rules of every source, highest first: managed, exec approvals, job, agent, user."""
     sources = [
         (settings.permissions, "managed"),
+        (exec_approvals(settings)[0], "exec approvals"),
         (job, "job"),
         (settings.agent_permissions.get(agent, PermissionRules()), f"agent {agent}"),
         (settings.user_permissions.get(user, PermissionRules()), f"user {user}"),
@@ -56,6 +74,7 @@ def decide(
     mode: PermissionMode,
     workspace: str,
     hook: HookVerdict | None = None,
+    defaults: dict[str, Behavior] | None = None,
 ) -> Decision:
     def first(kind: str) -> Rule | None:
         return next((r for r in rules if r.kind == kind and r.covers(tool, args, workspace)), None)
@@ -98,7 +117,14 @@ def decide(
         return Decision("allow", "rule", f"allowed by {used}", "; ".join(map(str, allows)))
     if hook and hook.behavior == "allow":
         return Decision("allow", "hook", hook.reason or "allowed by a hook", hook.source)
-    default = tool.default_permission
+    default = (defaults or {}).get(tool.name, tool.default_permission)
+    if default == "deny":
+        return Decision(
+            "deny",
+            "default",
+            f"{tool.name} is not allowed here: no rule allows this call",
+            tool.name,
+        )
     return Decision(default, "default", f"{tool.name} defaults to {default}", tool.name)
 
 
