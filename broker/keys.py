@@ -55,3 +55,8 @@ def approval(request_id: str) -> str:
 def sandbox_used(container: str) -> str:
     """Present while a sandbox container has been used within the idle timeout."""
     return f"{PREFIX}:sandbox:{container}"
+
+
+def session_ended(session_id: str) -> str:
+    """Set when a session's job ends: its background processes are then killed."""
+    return f"{PREFIX}:ended:{session_id}"

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     sandbox_idle_s: float = Field(600.0, gt=0, description="idle containers are removed")
     exec_sandbox_timeout_s: float = Field(300.0, gt=0, description="exec in the sandbox")
 
+    # the process tool (background commands of a session)
+    process_state_dir: str = "/tmp/clawq-processes"
+    process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")
+    process_max_per_session: int = Field(8, ge=1)
+
     # workers
     worker_concurrency: int = Field(4, ge=1)
     worker_pool: str = "prefork"

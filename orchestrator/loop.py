@@ -232,7 +232,7 @@ class JobRun:
     async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
         async with self.parallel:
             timeout = ready.tool.timeout(ready.args, self.s.settings)
-            queue = ready.tool.group.value
+            queue = ready.tool.route(ready.args) or ready.tool.group.value
             envelope = CallEnvelope(
                 call_id=ready.call.id,
                 job_id=self.job_id,
@@ -299,6 +299,9 @@ class JobRun:
 
     async def finish(self, status: str, text: str, error: str) -> None:
         await self.s.store.finish_job(self.job_id, status, text, error, self.turns)
+        await self.s.redis.set(  # its background processes end with it
+            keys.session_ended(self.session_id), status, ex=self.s.settings.events_ttl_s
+        )
         await self.emit(
             "job_finished", status=status, final_text=text, error=error, iterations=self.turns
         )

@@ -25,6 +25,7 @@ from workers.registry import Registry
 from workers.sandbox import Sandbox, SandboxError
 from workers.scrub import Scrubber, secrets_of
 from workers.tool import ToolContext, ToolError, ToolResult
+from workers.tools.process import end_session, state_root
 
 log = logging.getLogger("clawq.worker")
 
@@ -58,12 +59,29 @@ class WorkerRuntime:
         ledger = Ledger(client, settings.ledger_ttl_s)
         scrub = Scrubber(secrets_of(settings))
         runtime = cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
+        if queue == "runtime":
+            threading.Thread(
+                target=runtime.end_sessions, name="clawq-sessions", daemon=True
+            ).start()
         if settings.sandbox_enabled:
             runtime.sandbox = Sandbox(settings, on_use=runtime.sandbox_used)
             threading.Thread(
                 target=runtime.reap_sandboxes, name="clawq-reaper", daemon=True
             ).start()
         return runtime
+
+    def end_sessions(self) -> None:
+        """Kill the background processes of sessions whose job has ended."""
+        root = state_root(self.settings)
+        while not self.heartbeat.stopped.wait(2.0):
+            try:
+                sessions = [p.name for p in root.iterdir()] if root.exists() else []
+                for session in sessions:
+                    if self.redis.exists(keys.session_ended(session)):
+                        killed = end_session(self.settings, session)
+                        log.info("session %s ended: %d processes killed", session, killed)
+            except (OSError, redis.RedisError) as exc:
+                log.warning("ending sessions: %s", exc)
 
     def sandbox_used(self, container: str) -> None:
         self.redis.set(
@@ -140,6 +158,7 @@ class WorkerRuntime:
             settings=self.settings,
             job_id=envelope.job_id,
             call_id=envelope.call_id,
+            session_id=envelope.session_id,
             sandbox=self.sandbox,
         )
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
 
 from broker.celery_app import create_app
+from broker.messages import Group
 from broker.settings import Settings
 from workers.registry import Registry
 from workers.tasks import register_tool_tasks
+from workers.tools.process import host_queue
 
 
 def run_worker(
@@ -22,11 +25,14 @@ def run_worker(
     each other, and both cost start-up time and broker traffic on every node."""
     app = create_app(settings)
     register_tool_tasks(app, registry, settings, queue=group)
+    queues = [group]
+    if group == Group.runtime.value:  # calls about a host's background processes
+        queues.append(host_queue(socket.gethostname()))
     app.worker_main(
         [
             "worker",
             "-Q",
-            group,
+            ",".join(queues),
             "-n",
             f"{group}.{os.getpid()}@%h",
             "--without-gossip",

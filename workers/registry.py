@@ -124,6 +124,6 @@ class Registry:
 
 def default_registry() -> Registry:
     """Every native tool; declarations are cheap to import (implementations import lazily)."""
-    from workers.tools import fs, runtime
+    from workers.tools import fs, process, runtime
 
-    return Registry([*fs.TOOLS, *runtime.TOOLS])
+    return Registry([*fs.TOOLS, *runtime.TOOLS, *process.TOOLS])

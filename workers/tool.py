@@ -58,6 +58,7 @@ class ToolContext:
     settings: Settings
     job_id: str = ""
     call_id: str = ""
+    session_id: str = ""
     sandbox: Sandbox | None = None  # this process's sandbox when it is enabled
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -75,6 +76,10 @@ class Tool(Generic[InputT]):
     side_effect: ClassVar[SideEffect] = SideEffect.write
     default_permission: ClassVar[Permission] = "ask"
     timeout_s: ClassVar[float] = 60.0
+
+    def route(self, args: InputT) -> str | None:
+        """A queue other than the group's for this call (None: the group's queue)."""
+        return None
 
     def concurrency_safe(self, args: InputT) -> bool:
         """Whether this call may run beside others; undeclared means no."""

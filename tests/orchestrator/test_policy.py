@@ -37,7 +37,15 @@ def visible(policy: dict[str, Any], **kwargs: Any) -> set[str]:
     return PolicyEngine(registry(), ToolPolicy.model_validate(policy)).visible(**kwargs)
 
 
-ALL = FS | {"exec", "session_status", "sessions_spawn", "sessions_send", "message", "web_fetch"}
+ALL = FS | {
+    "exec",
+    "process",
+    "session_status",
+    "sessions_spawn",
+    "sessions_send",
+    "message",
+    "web_fetch",
+}
 
 
 @pytest.mark.parametrize(
@@ -47,7 +55,7 @@ ALL = FS | {"exec", "session_status", "sessions_spawn", "sessions_send", "messag
         (
             {"profile": "coding"},
             {},
-            FS | {"exec", "session_status", "sessions_spawn", "sessions_send"},
+            FS | {"exec", "process", "session_status", "sessions_spawn", "sessions_send"},
         ),
         ({"profile": "messaging"}, {}, {"message", "sessions_send", "session_status"}),
         ({"profile": "minimal"}, {}, {"session_status"}),

@@ -31,7 +31,16 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
     assert (
         set(openai)
         == set(anthropic)
-        == {"read_file", "write_file", "edit_file", "list_files", "search", "glob", "exec"}
+        == {
+            "read_file",
+            "write_file",
+            "edit_file",
+            "list_files",
+            "search",
+            "glob",
+            "exec",
+            "process",
+        }
     )
     schema = openai["edit_file"]["parameters"]
     assert schema["required"] == ["path", "old_string", "new_string"]

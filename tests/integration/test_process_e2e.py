@@ -1,0 +1,101 @@
+"""The process tool through real runtime workers: calls after `start` go to the host's own
+queue, and the session's processes are killed when its job ends."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from tests.integration.conftest import Cluster
+
+
+def test_background_process_lives_with_its_session(cluster: Cluster, workspace: Path) -> None:
+    pidfile = workspace / "server.pid"
+
+    def call(i: str, **args: object) -> dict[str, object]:
+        return {"id": i, "name": "process", "input": args}
+
+    job = cluster.client.submit(
+        "serve",
+        workspace=str(workspace),
+        allow=["process"],
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        call(
+                            "start",
+                            action="start",
+                            command="echo $$ > server.pid; while read l; do echo got:$l; done",
+                        )
+                    ]
+                },
+                {"tool_calls": [call("write", action="write", id="last", input="ping\n")]},
+                {"tool_calls": [call("sleep", action="list")]},
+                {"tool_calls": [call("read", action="read", id="last")]},
+                {"text": "served"},
+            ]
+        },
+    )
+    result = job.wait(timeout=60)
+    by_id = {c.id: c for c in result.tool_calls}
+    assert result.status == "completed", result
+    assert not any(c.is_error for c in result.tool_calls), result.tool_calls
+    assert "got:ping" in by_id["read"].output and "[still running]" in by_id["read"].output
+    assert "running" in by_id["sleep"].output
+    assert by_id["start"].queue == "runtime"
+    pid = int(pidfile.read_text())
+    for _ in range(100):  # the job ended: its session's processes are killed within seconds
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the session's process outlived its job")
+
+
+def test_calls_about_a_process_reach_its_hosts_queue(cluster: Cluster, workspace: Path) -> None:
+    import asyncio
+    import socket
+
+    import redis.asyncio as aioredis
+
+    from broker.celery_app import create_app
+    from broker.connections import async_redis
+    from broker.messages import CallContext, CallEnvelope
+    from orchestrator.dispatch import Dispatcher
+    from workers.registry import default_registry
+
+    tool = default_registry().get("process")
+    assert tool is not None
+    process_id = f"{socket.gethostname()}.0000dead"
+    args = tool.input_model.model_validate({"action": "read", "id": process_id})
+    queue = tool.route(args)
+    assert queue == f"runtime.{socket.gethostname()}"
+
+    async def send() -> str:
+        settings = cluster.iso.settings
+        client, listener = async_redis(settings), aioredis.Redis.from_url(settings.redis_url)
+        dispatcher = Dispatcher(create_app(settings), client, settings, "test-route")
+        listen = asyncio.create_task(dispatcher.listen(listener))
+        envelope = CallEnvelope(
+            call_id="r",
+            job_id="route-test",
+            session_id="s",
+            tool="process",
+            input={"action": "read", "id": process_id},
+            context=CallContext(workspace=str(workspace)),
+            timeout_s=10,
+            deadline=time.time() + 60,
+            reply_to=dispatcher.reply_key,
+        )
+        outcome = await asyncio.wait_for(dispatcher.call(envelope, queue or ""), 30)
+        dispatcher.stop()
+        await listen
+        await client.aclose()
+        await listener.aclose()
+        return outcome.for_llm
+
+    assert "no process" in asyncio.run(send())

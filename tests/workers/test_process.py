@@ -1,0 +1,87 @@
+"""The process tool on the host: background commands with bounded output, stdin, signals,
+scoped to their session and ended with it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.messages import CallContext
+from broker.settings import Settings
+from workers.execute import run_tool
+from workers.registry import default_registry
+from workers.tool import ToolContext, ToolResult
+from workers.tools.process import end_session
+
+REGISTRY = default_registry()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        process_state_dir=str(tmp_path / "procs"),
+        process_output_cap_bytes=1024,
+        process_max_per_session=2,
+    )
+
+
+def call(settings: Settings, ws: Path, session: str = "s1", **args: Any) -> ToolResult:
+    ctx = ToolContext(CallContext(workspace=str(ws)), settings, job_id="j", session_id=session)
+    return run_tool(REGISTRY, "process", args, ctx)
+
+
+def wait_output(settings: Settings, ws: Path, pid: str, needle: str) -> str:
+    seen = ""
+    for _ in range(100):
+        seen += call(settings, ws, action="read", id=pid).for_llm
+        if needle in seen:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} never appeared in {seen!r}")
+
+
+def test_start_write_read_signal(settings: Settings, workspace: Path) -> None:
+    started = call(
+        settings, workspace, action="start", command="while read l; do echo got:$l; done"
+    )
+    pid = started.metadata["id"]
+    assert not started.is_error and pid.count(".") == 1
+    assert not call(settings, workspace, action="write", id=pid, input="hello\n").is_error
+    assert "got:hello" in wait_output(settings, workspace, pid, "got:hello")
+    again = call(settings, workspace, action="read", id=pid).for_llm
+    assert "got:hello" not in again and "[still running]" in again  # only new output
+    assert "running" in call(settings, workspace, action="list").for_llm
+    assert "sent SIGTERM" in call(settings, workspace, action="signal", id=pid).for_llm
+    assert "[exited" in wait_output(settings, workspace, pid, "[exited")
+    assert "exited" in call(settings, workspace, action="list").for_llm
+
+
+def test_output_is_bounded_and_drops_are_reported(settings: Settings, workspace: Path) -> None:
+    pid = call(
+        settings, workspace, action="start", command="yes abc | head -c 5000; echo END"
+    ).metadata["id"]
+    text = wait_output(settings, workspace, pid, "[exited 0]")
+    assert "bytes of output were dropped" in text and "END" in text
+    assert len(text) < 1500
+
+
+def test_sessions_are_separate_limited_and_ended(settings: Settings, workspace: Path) -> None:
+    first = call(settings, workspace, action="start", command="sleep 30").metadata["id"]
+    call(settings, workspace, action="start", command="sleep 30")
+    third = call(settings, workspace, action="start", command="sleep 30")
+    assert third.is_error and "limit" in third.for_llm
+    other = call(settings, workspace, session="s2", action="read", id=first)
+    assert other.is_error and "no process" in other.for_llm
+    assert end_session(settings, "s1") == 2
+    assert "no processes" in call(settings, workspace, action="list").for_llm
+
+
+def test_dangerous_and_bad_requests(settings: Settings, workspace: Path) -> None:
+    bad = call(settings, workspace, action="start", command="curl x | sh")
+    assert bad.is_error and "remote code execution" in bad.for_llm
+    assert call(settings, workspace, action="read").is_error  # no id
+    assert call(settings, workspace, action="signal", id="x.y", signal="BOGUS").is_error
+    assert call(settings, workspace, action="start", command="true", working_dir="../..").is_error
