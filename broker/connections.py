@@ -20,7 +20,7 @@ def async_redis(settings: Settings) -> aioredis.Redis:
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=settings.redis_max_connections, timeout=30
     )
-    return aioredis.Redis(connection_pool=pool)
+    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
 
 async def retry_pause(exc: Exception, what: str, delay_s: float = 0.5) -> None:
