@@ -78,7 +78,7 @@ class WorkerRuntime:
                 sessions = [p.name for p in root.iterdir()] if root.exists() else []
                 for session in sessions:
                     if self.redis.exists(keys.session_ended(session)):
-                        killed = end_session(self.settings, session)
+                        killed = end_session(self.settings, session, self.sandbox)
                         log.info("session %s ended: %d processes killed", session, killed)
             except (OSError, redis.RedisError) as exc:
                 log.warning("ending sessions: %s", exc)

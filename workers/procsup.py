@@ -4,8 +4,11 @@ It runs detached from the worker (its own session), so the process lives with it
 session, not with the worker process that started it. It feeds the command's stdin from a
 FIFO, keeps at most `cap` bytes of its output (older output is dropped and counted), and
 records the exit code. Its whole state is a directory any worker on the host can read.
+With the sandbox on, the command runs in the session's container through an attached
+exec, and the same directory holds where it runs.
 
-    python -m workers.procsup DIR CAP  (DIR holds `cmd` and `cwd`)
+    python -m workers.procsup DIR CAP  (DIR holds `cmd` and `cwd`, and for the sandbox
+    `sandbox_key` and `workspace`)
 """
 
 from __future__ import annotations
@@ -13,21 +16,54 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 CHUNK = 65536
 
 
+class Sink:
+    """Appends output to `out`, keeping the newest `cap` bytes; offsets stay absolute."""
+
+    def __init__(self, state: Path, cap: int) -> None:
+        self.state, self.cap = state, cap
+        self.out = state / "out"
+        self.out.touch()
+        self.kept = self.dropped = 0
+
+    def write(self, chunk: bytes) -> None:
+        with self.out.open("ab") as fh:
+            fh.write(chunk)
+        self.kept += len(chunk)
+        if self.kept > self.cap:
+            data = self.out.read_bytes()[self.kept - self.cap :]
+            self.dropped += self.kept - self.cap
+            self.kept = self.cap
+            tmp = self.state / "out.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, self.out)
+            (self.state / "dropped").write_text(str(self.dropped))
+
+
 def supervise(state: Path, cap: int) -> int:
-    command = (state / "cmd").read_text()
-    cwd = (state / "cwd").read_text()
     fifo = state / "in"
     os.mkfifo(fifo, 0o600)
     stdin = os.open(fifo, os.O_RDWR)  # read and write ends: the process never sees EOF
+    sink = Sink(state, cap)
+    if (state / "sandbox_key").exists():
+        code = _in_sandbox(state, stdin, sink)
+    else:
+        code = _on_host(state, stdin, sink)
+    (state / "code").write_text(str(code))
+    return code
+
+
+def _on_host(state: Path, stdin: int, sink: Sink) -> int:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME")}
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
-        cwd=cwd,
+        ["/bin/sh", "-c", (state / "cmd").read_text()],
+        cwd=(state / "cwd").read_text(),
         env=env,
         stdin=stdin,
         stdout=subprocess.PIPE,
@@ -36,25 +72,48 @@ def supervise(state: Path, cap: int) -> int:
     )
     os.close(stdin)
     (state / "pid").write_text(str(proc.pid))
-    out = state / "out"
-    out.touch()
-    kept, dropped = 0, 0
     assert proc.stdout is not None
     while chunk := proc.stdout.read1(CHUNK):  # type: ignore[attr-defined]
-        with out.open("ab") as fh:
-            fh.write(chunk)
-        kept += len(chunk)
-        if kept > cap:  # keep the newest `cap` bytes; the offsets stay absolute
-            data = out.read_bytes()[kept - cap :]
-            dropped += kept - cap
-            kept = cap
-            tmp = state / "out.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, out)
-            (state / "dropped").write_text(str(dropped))
-    code = proc.wait()
-    (state / "code").write_text(str(code))
-    return code
+        sink.write(chunk)
+    return proc.wait()
+
+
+def _in_sandbox(state: Path, stdin: int, sink: Sink) -> int:
+    from docker.utils.socket import frames_iter
+
+    from broker.settings import Settings
+    from workers.sandbox import Sandbox, SandboxError, _close
+
+    sandbox = Sandbox(Settings.model_validate_json((state / "sandbox.json").read_text()))
+    try:
+        attached = sandbox.attach(
+            (state / "sandbox_key").read_text(),
+            (state / "workspace").read_text(),
+            (state / "cmd").read_text(),
+            (state / "cwd").read_text(),
+            {"HOME": "/tmp"},
+            stdin=True,
+        )
+    except SandboxError as exc:
+        sink.write(f"[sandbox error, not started: {exc}]\n".encode())
+        return 126
+    (state / "container").write_text(attached.container.name)
+    (state / "pidfile").write_text(attached.pidfile)
+    (state / "pid").write_text("sandbox")
+    raw = getattr(attached.sock, "_sock", attached.sock)
+
+    def pump() -> None:  # our FIFO → the command's stdin
+        while data := os.read(stdin, CHUNK):
+            raw.sendall(data)
+
+    threading.Thread(target=pump, daemon=True).start()
+    frames: Iterable[tuple[int, bytes]] = frames_iter(attached.sock, tty=False)
+    for _, chunk in frames:
+        sink.write(chunk)
+    _close(attached.sock)
+    code = sandbox.exit_code(attached.exec_id)
+    sandbox.close()
+    return code if code is not None else 1
 
 
 if __name__ == "__main__":

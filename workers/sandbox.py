@@ -32,6 +32,14 @@ class SandboxError(Exception):
 
 
 @dataclass
+class Attached:
+    container: Any
+    pidfile: str  # inside the container; holds the command's process group id
+    exec_id: str
+    sock: Any
+
+
+@dataclass
 class SandboxRun:
     exit_code: int | None
     stdout: bytes
@@ -149,27 +157,15 @@ class Sandbox:
         env: dict[str, str],
     ) -> SandboxRun:
         """Run `command` in the key's container; kill its process group on timeout."""
-        import docker
         from docker.utils.socket import frames_iter
 
-        ctr = self.container(key, workspace)
-        if self.on_use:
-            self.on_use(ctr.name)
-        rel = os.path.relpath(cwd, workspace)
-        workdir = WORKDIR if rel == "." else f"{WORKDIR}/{rel}"
-        pidfile = f"/tmp/.clawq-{uuid.uuid4().hex}.pid"
-        api = self.client.api
-        try:
-            exec_id = api.exec_create(
-                ctr.id,
-                ["sh", "-c", WRAPPER, pidfile, command],
-                workdir=workdir,
-                environment=env,
-                user=self.user_for(workspace),
-            )["Id"]
-            sock = api.exec_start(exec_id, socket=True)
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"sandbox exec failed: {exc}") from exc
+        attached = self.attach(key, workspace, command, cwd, env)
+        ctr, pidfile, exec_id, sock = (
+            attached.container,
+            attached.pidfile,
+            attached.exec_id,
+            attached.sock,
+        )
         out, err = bytearray(), bytearray()
         state = {"truncated": False}
 
@@ -190,10 +186,7 @@ class Sandbox:
         if timed_out:
             self._kill_group(ctr, pidfile)
             reader.join(5)
-        try:
-            code = api.exec_inspect(exec_id).get("ExitCode")
-        except docker.errors.DockerException:
-            code = None
+        code = self.exit_code(exec_id)
         return SandboxRun(
             None if timed_out else code,
             bytes(out),
@@ -202,6 +195,58 @@ class Sandbox:
             timed_out,
             ctr.name,
         )
+
+    def attach(
+        self,
+        key: str,
+        workspace: str,
+        command: str,
+        cwd: str,
+        env: dict[str, str],
+        stdin: bool = False,
+    ) -> Attached:
+        """Start `command` in the key's container in its own process group, attached."""
+        import docker
+
+        ctr = self.container(key, workspace)
+        if self.on_use:
+            self.on_use(ctr.name)
+        rel = os.path.relpath(cwd, workspace)
+        workdir = WORKDIR if rel == "." else f"{WORKDIR}/{rel}"
+        pidfile = f"/tmp/.clawq-{uuid.uuid4().hex}.pid"
+        api = self.client.api
+        try:
+            exec_id = api.exec_create(
+                ctr.id,
+                ["sh", "-c", WRAPPER, pidfile, command],
+                workdir=workdir,
+                environment=env,
+                user=self.user_for(workspace),
+                stdin=stdin,
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"sandbox exec failed: {exc}") from exc
+        return Attached(ctr, pidfile, exec_id, sock)
+
+    def exit_code(self, exec_id: str) -> int | None:
+        import docker
+
+        try:
+            code = self.client.api.exec_inspect(exec_id).get("ExitCode")
+        except docker.errors.DockerException:
+            return None
+        return int(code) if code is not None else None
+
+    def signal_group(self, container: str, pidfile: str, signal: str) -> None:
+        """Send `signal` (e.g. KILL, TERM) to a command's whole process group."""
+        import docker
+
+        try:
+            ctr = self.client.containers.get(container)
+            ctr.exec_run(["sh", "-c", f'kill -{signal} -"$(cat {pidfile})"'])
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot signal in sandbox {container}: {exc}") from exc
 
     def _kill_group(self, ctr: Any, pidfile: str) -> None:
         ctr.exec_run(["sh", "-c", f'kill -9 -"$(cat {pidfile})"; rm -f {pidfile}'])

@@ -237,3 +237,47 @@ def test_a_job_runs_its_commands_in_the_sandbox(
         assert (sandbox_ws / "box.txt").read_text() == "in\n"
     finally:
         next(cluster_iter, None)
+
+
+def test_background_processes_run_in_the_sandbox(
+    make_sandbox: Callable[[Settings], Sandbox],
+    settings: Settings,
+    sandbox_ws: Path,
+    tmp_path: Path,
+) -> None:
+    from workers.tools.process import end_session
+
+    settings = settings.model_copy(update={"process_state_dir": str(tmp_path / "procs")})
+    sandbox = make_sandbox(settings)
+
+    def process(**args: Any) -> ToolResult:
+        ctx = ToolContext(
+            CallContext(workspace=str(sandbox_ws), sandbox_key="k-proc"),
+            settings,
+            job_id="j",
+            session_id="sess",
+            sandbox=sandbox,
+        )
+        return run_tool(REGISTRY, "process", args, ctx)
+
+    def read_until(pid: str, needle: str) -> str:
+        seen = ""
+        for _ in range(100):
+            seen += process(action="read", id=pid).for_llm
+            if needle in seen:
+                return seen
+            time.sleep(0.05)
+        raise AssertionError(f"{needle!r} not in {seen!r}")
+
+    pid = process(action="start", command="id -u; while read l; do echo got:$l; done").metadata[
+        "id"
+    ]
+    assert not process(action="write", id=pid, input="ping\n").is_error
+    text = read_until(pid, "got:ping")
+    assert "65534\ngot:ping" in text  # the sandbox user: it runs in the container
+    assert "sent SIGKILL" in process(action="signal", id=pid, signal="KILL").for_llm
+    assert "[exited" in read_until(pid, "[exited")
+    process(action="start", command="sleep 300")
+    assert end_session(settings, "sess", sandbox) == 1
+    left = exec_call(settings, sandbox, sandbox_ws, "k-proc", command="ps")
+    assert "sleep 300" not in left.for_llm

@@ -9,6 +9,7 @@ Processes end with their session: runtime workers kill those of sessions that en
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from pydantic import Field, model_validator
 from broker.messages import Group
 from broker.settings import Settings
 from workers.safety import judge_line
+from workers.sandbox import Sandbox, SandboxError
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import workspace
 
@@ -100,9 +102,7 @@ class Process(Tool[ProcessInput]):
         return None
 
     def run(self, args: ProcessInput, ctx: ToolContext) -> ToolResult:
-        if ctx.settings.sandbox_enabled:
-            raise ToolError("process is not available with the sandbox yet; use exec")
-        session = ctx.session_id or ctx.job_id
+        session = session_of(ctx)
         home = state_root(ctx.settings) / _safe(session)
         if args.action == "start":
             return self.start(args, ctx, home)
@@ -121,7 +121,7 @@ class Process(Tool[ProcessInput]):
             return read_output(state, args.max_bytes)
         if args.action == "write":
             return write_input(state, args.input or "")
-        return send_signal(state, args.signal)
+        return send_signal(state, args.signal, ctx.sandbox)
 
     def start(self, args: ProcessInput, ctx: ToolContext, home: Path) -> ToolResult:
         if finding := judge_line(args.command or ""):  # the queue is a trust boundary
@@ -138,6 +138,13 @@ class Process(Tool[ProcessInput]):
         state.mkdir(parents=True)
         (state / "cmd").write_text(args.command or "")
         (state / "cwd").write_text(cwd)
+        if ctx.settings.sandbox_enabled:  # run it in the session's container
+            (state / "sandbox_key").write_text(ctx.context.sandbox_key or session_of(ctx))
+            (state / "workspace").write_text(workspace(ctx).root)
+            sandbox_settings = {
+                k: v for k, v in ctx.settings.model_dump().items() if k.startswith("sandbox_")
+            }  # no secrets
+            (state / "sandbox.json").write_text(json.dumps(sandbox_settings))
         supervisor = subprocess.Popen(
             [
                 sys.executable,
@@ -170,6 +177,10 @@ class Process(Tool[ProcessInput]):
             status = f"exited {code}" if code is not None else "running"
             lines.append(f"{state.name}  {status}  {_text(state / 'cmd')}")
         return ToolResult(for_llm="\n".join(lines) or "no processes in this session")
+
+
+def session_of(ctx: ToolContext) -> str:
+    return ctx.session_id or ctx.job_id
 
 
 def _safe(name: str) -> str:
@@ -232,10 +243,22 @@ def write_input(state: Path, text: str) -> ToolResult:
     return ToolResult(for_llm=f"wrote {len(text.encode())} bytes to {state.name}")
 
 
-def send_signal(state: Path, name: str) -> ToolResult:
+def send_signal(state: Path, name: str, sandbox: Sandbox | None = None) -> ToolResult:
     sig = SIGNALS[name.upper().removeprefix("SIG")]
     if (state / "code").exists():
         return ToolResult(for_llm=f"{state.name} had already exited {_text(state / 'code')}")
+    if _text(state / "pid") == "sandbox":
+        if sandbox is None:
+            raise ToolError(f"{state.name} runs in the sandbox, which this worker lacks")
+        try:
+            sandbox.signal_group(
+                _text(state / "container") or "",
+                _text(state / "pidfile") or "",
+                sig.name.removeprefix("SIG"),
+            )
+        except SandboxError as exc:
+            raise ToolError(str(exc)) from None
+        return ToolResult(for_llm=f"sent {sig.name} to {state.name}")
     pid = int(_text(state / "pid") or 0)
     if not pid:
         raise ToolError(f"{state.name} has not started yet")
@@ -246,18 +269,18 @@ def send_signal(state: Path, name: str) -> ToolResult:
     return ToolResult(for_llm=f"sent {sig.name} to {state.name}")
 
 
-def end_session(settings: Settings, session: str) -> int:
+def end_session(settings: Settings, session: str, sandbox: Sandbox | None = None) -> int:
     """Kill every process of an ended session and remove its state; returns how many."""
     home = state_root(settings) / _safe(session)
     killed = 0
     for state in _states(home):
-        pid = int(_text(state / "pid") or 0)
-        if pid and not (state / "code").exists():
-            try:
-                os.killpg(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
+        if (state / "code").exists() or not (state / "pid").exists():
+            continue
+        try:
+            send_signal(state, "KILL", sandbox)
+            killed += 1
+        except ToolError:
+            pass
     shutil.rmtree(home, ignore_errors=True)
     return killed
 
