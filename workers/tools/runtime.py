@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -151,7 +152,7 @@ def _on_host(cwd: str, command: str, timeout: float, cap: int) -> _Done:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, killed as a whole
-        preexec_fn=_die_with_parent,
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
     )
     assert proc.stdout is not None and proc.stderr is not None
     out = _Capture(proc.stdout, cap)
@@ -210,11 +211,14 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """In the child: be killed if the worker dies, so a killed worker's command stops
-    instead of running on unowned (a redelivered call would otherwise run beside it)."""
+    instead of running on unowned (a redelivered call would otherwise run beside it).
+    A worker that died between the fork and the prctl sent no signal: exit at once."""
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(137)
 
 
 def _stays_inside(target: str) -> bool:
