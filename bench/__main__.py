@@ -27,18 +27,15 @@ from contextlib import contextmanager
 
 import psycopg
 import redis
-import redis.asyncio as aioredis
 from rich.console import Console
 from rich.table import Table
 
 from broker import keys
-from broker.celery_app import create_app
-from broker.connections import async_redis
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
 from broker.settings import Settings
 from broker.store import Store
-from orchestrator.dispatch import Dispatcher
+from orchestrator.dispatch import Dispatcher, running_dispatcher
 
 console = Console()
 ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
@@ -114,11 +111,12 @@ class Bench:
     # -- (a) and (b): clawq's call path --------------------------------------------------
 
     async def clawq_calls(self, n_sequential: int, n_concurrent: int) -> tuple[list[float], float]:
-        app = create_app(self.settings)
-        client = async_redis(self.settings)
-        listener = aioredis.Redis.from_url(self.redis_url)
-        dispatcher = Dispatcher(app, client, self.settings, "bench-orchestrator")
-        listen = asyncio.create_task(dispatcher.listen(listener))
+        async with running_dispatcher(self.settings, "bench-orchestrator") as dispatcher:
+            return await self._calls(dispatcher, n_sequential, n_concurrent)
+
+    async def _calls(
+        self, dispatcher: Dispatcher, n_sequential: int, n_concurrent: int
+    ) -> tuple[list[float], float]:
 
         def envelope(i: int) -> CallEnvelope:
             return CallEnvelope(
@@ -149,12 +147,7 @@ class Bench:
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n_concurrent)))
-        rate = n_concurrent / (time.perf_counter() - started)
-        dispatcher.stop()
-        await listen
-        await client.aclose()
-        await listener.aclose()
-        return times, rate
+        return times, n_concurrent / (time.perf_counter() - started)
 
     def clawq_path(self) -> tuple[list[float], float]:
         with process(
@@ -217,11 +210,10 @@ class Bench:
     # -- (d): horizontal scale of the runtime group -----------------------------------------
 
     async def exec_rate(self, calls: int, workspace: str) -> float:
-        app = create_app(self.settings)
-        client = async_redis(self.settings)
-        listener = aioredis.Redis.from_url(self.redis_url)
-        dispatcher = Dispatcher(app, client, self.settings, f"bench-scale-{uuid.uuid4().hex[:6]}")
-        listen = asyncio.create_task(dispatcher.listen(listener))
+        async with running_dispatcher(self.settings, f"bench-{uuid.uuid4().hex[:6]}") as dispatcher:
+            return await self._exec_rate(dispatcher, calls, workspace)
+
+    async def _exec_rate(self, dispatcher: Dispatcher, calls: int, workspace: str) -> float:
         job = uuid.uuid4().hex
 
         async def one(i: int) -> None:
@@ -243,12 +235,7 @@ class Bench:
         await one(-1)  # warm up every path once
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(calls)))
-        rate = calls / (time.perf_counter() - started)
-        dispatcher.stop()
-        await listen
-        await client.aclose()
-        await listener.aclose()
-        return rate
+        return calls / (time.perf_counter() - started)
 
     def scaling(self, counts: tuple[int, ...] = (1, 2, 4)) -> list[tuple[int, float]]:
         """exec `sleep 0.05` through N runtime worker processes (one executor each)."""

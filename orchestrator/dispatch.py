@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -133,3 +135,23 @@ class Dispatcher:
                 p.resent_for.add(owner)
                 log.warning("call %s: %s died; sending it again", p.envelope.call_id, owner)
                 await self._send(p)
+
+
+@asynccontextmanager
+async def running_dispatcher(settings: Settings, name: str) -> AsyncIterator[Dispatcher]:
+    """A dispatcher with its reply listener running, for code that sends calls directly
+    (benchmarks, tests); the orchestrator wires its own."""
+    from broker.celery_app import create_app
+    from broker.connections import async_redis
+
+    client = async_redis(settings)
+    listener = aioredis.Redis.from_url(settings.redis_url)
+    dispatcher = Dispatcher(create_app(settings), client, settings, name)
+    listen = asyncio.create_task(dispatcher.listen(listener))
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.stop()
+        await listen
+        await client.aclose()
+        await listener.aclose()

@@ -60,12 +60,8 @@ def test_calls_about_a_process_reach_its_hosts_queue(cluster: Cluster, workspace
     import asyncio
     import socket
 
-    import redis.asyncio as aioredis
-
-    from broker.celery_app import create_app
-    from broker.connections import async_redis
     from broker.messages import CallContext, CallEnvelope
-    from orchestrator.dispatch import Dispatcher
+    from orchestrator.dispatch import running_dispatcher
     from workers.registry import default_registry
 
     tool = default_registry().get("process")
@@ -76,26 +72,19 @@ def test_calls_about_a_process_reach_its_hosts_queue(cluster: Cluster, workspace
     assert queue == f"runtime.{socket.gethostname()}"
 
     async def send() -> str:
-        settings = cluster.iso.settings
-        client, listener = async_redis(settings), aioredis.Redis.from_url(settings.redis_url)
-        dispatcher = Dispatcher(create_app(settings), client, settings, "test-route")
-        listen = asyncio.create_task(dispatcher.listen(listener))
-        envelope = CallEnvelope(
-            call_id="r",
-            job_id="route-test",
-            session_id="s",
-            tool="process",
-            input={"action": "read", "id": process_id},
-            context=CallContext(workspace=str(workspace)),
-            timeout_s=10,
-            deadline=time.time() + 60,
-            reply_to=dispatcher.reply_key,
-        )
-        outcome = await asyncio.wait_for(dispatcher.call(envelope, queue or ""), 30)
-        dispatcher.stop()
-        await listen
-        await client.aclose()
-        await listener.aclose()
-        return outcome.for_llm
+        async with running_dispatcher(cluster.iso.settings, "test-route") as dispatcher:
+            envelope = CallEnvelope(
+                call_id="r",
+                job_id="route-test",
+                session_id="s",
+                tool="process",
+                input={"action": "read", "id": process_id},
+                context=CallContext(workspace=str(workspace)),
+                timeout_s=10,
+                deadline=time.time() + 60,
+                reply_to=dispatcher.reply_key,
+            )
+            outcome = await asyncio.wait_for(dispatcher.call(envelope, queue or ""), 30)
+            return outcome.for_llm
 
     assert "no process" in asyncio.run(send())
