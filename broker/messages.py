@@ -117,6 +117,8 @@ class ToolCallRecord(BaseModel):
     attempts: int = 0
     decision: str = ""
     decided_by: str = ""
+    started_at: float = 0.0  # on the worker (epoch seconds); 0 when no worker ran it
+    finished_at: float = 0.0
 
 
 class JobResult(BaseModel):

@@ -51,7 +51,8 @@ FINISH_CALL = (
     "UPDATE tool_calls SET status = 'done', is_error = %s, for_llm = %s, for_user = %s,"
     " metadata = %s, queue = coalesce(nullif(%s, ''), queue), worker = %s, attempts = %s,"
     " decision = %s, decided_by = %s, decision_reason = %s,"
-    " finished_at = to_timestamp(%s) WHERE job_id = %s AND turn = %s AND call_id = %s"
+    " started_at = to_timestamp(nullif(%s, 0)), finished_at = to_timestamp(%s)"
+    " WHERE job_id = %s AND turn = %s AND call_id = %s"
 )
 SELECT_APPROVAL = "SELECT * FROM approvals WHERE id = %s"
 INSERT_APPROVAL = (
@@ -69,7 +70,8 @@ INSERT_GRANT = (
 )
 SELECT_CALLS = (
     "SELECT call_id, name, input, is_error, for_llm, queue, worker, attempts, decision,"
-    " decided_by FROM tool_calls"
+    " decided_by, extract(epoch FROM started_at) AS started_at,"
+    " extract(epoch FROM finished_at) AS finished_at FROM tool_calls"
     " WHERE job_id = %s ORDER BY turn, seq"
 )
 
@@ -111,6 +113,7 @@ def _outcome_params(outcome: CallOutcome) -> tuple[Any, ...]:
         outcome.decision,
         outcome.decided_by,
         outcome.decision_reason,
+        outcome.started_at,
         outcome.finished_at,
         outcome.job_id,
         outcome.turn,
@@ -162,6 +165,8 @@ class Store:
                 attempts=c["attempts"],
                 decision=c["decision"],
                 decided_by=c["decided_by"],
+                started_at=float(c["started_at"] or 0),
+                finished_at=float(c["finished_at"] or 0),
             )
             for c in self.conn.execute(SELECT_CALLS, (job_id,)).fetchall()
         ]

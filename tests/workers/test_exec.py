@@ -71,3 +71,31 @@ def test_dangerous_commands_never_run_even_when_sent_straight_to_a_worker(
     assert result.is_error
     assert result.for_llm.startswith("blocked (destructive file operation): `rm -rf ~`")
     assert not (workspace / "before").exists() and not (workspace / "after").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "safe"),
+    [
+        ("ls -la", True),
+        ("cat a.txt | grep x | wc -l", True),
+        ("git status && git diff HEAD", True),
+        ("find . -name '*.py'", True),
+        ("sleep 0.1", True),
+        ("timeout 5 cat x", True),
+        ("echo hi > out.txt", False),
+        ("find . -delete", False),
+        ("sed -i s/a/b/ f", False),
+        ("git commit -m x", False),
+        ("rm x", False),
+        ("make test", False),
+        ("FOO=1 ls", False),
+        ("$CMD", False),
+        ("echo 'unterminated", False),
+    ],
+)
+def test_exec_is_concurrency_safe_only_when_it_only_reads(command: str, safe: bool) -> None:
+    from workers.registry import default_registry
+
+    tool = default_registry().get("exec")
+    assert tool is not None
+    assert tool.concurrency_safe(tool.input_model.model_validate({"command": command})) is safe

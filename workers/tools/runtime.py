@@ -22,7 +22,7 @@ from broker.settings import Settings
 from workers.paths import PROTECTED_DIRS
 from workers.safety import judge_line
 from workers.sandbox import Sandbox, SandboxError
-from workers.shell import ParsedShell, command_pattern, parse_shell
+from workers.shell import ParsedShell, SimpleCommand, command_pattern, parse_shell
 from workers.tool import (
     Permission,
     RuleKind,
@@ -87,6 +87,12 @@ class Exec(Tool[ExecInput]):
                 for c in judged
             )
         )
+
+    def concurrency_safe(self, args: ExecInput) -> bool:
+        """Only a command that reads, judged command by command, may run beside others."""
+        parsed = _judged(args)
+        judged = [c for c in parsed.commands if not c.wrapper]
+        return parsed.ok and bool(judged) and all(_read_only(c) for c in judged)
 
     def permission_check(self, args: ExecInput, workspace: str) -> tuple[Permission, str] | None:
         if finding := judge_line(args.command):
@@ -219,6 +225,71 @@ def _die_with_parent(parent: int) -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(137)
+
+
+READ_ONLY = frozenset(
+    {
+        "ls",
+        "cat",
+        "head",
+        "tail",
+        "wc",
+        "grep",
+        "egrep",
+        "fgrep",
+        "rg",
+        "stat",
+        "file",
+        "du",
+        "df",
+        "pwd",
+        "echo",
+        "printf",
+        "true",
+        "false",
+        "sleep",
+        "date",
+        "whoami",
+        "id",
+        "uname",
+        "printenv",
+        "which",
+        "type",
+        "sort",
+        "uniq",
+        "cut",
+        "tr",
+        "diff",
+        "cmp",
+        "md5sum",
+        "sha256sum",
+        "basename",
+        "dirname",
+        "realpath",
+        "readlink",
+        "jq",
+        "tree",
+        "nproc",
+        "seq",
+    }
+)
+READ_ONLY_GIT = frozenset({"status", "log", "diff", "show", "rev-parse", "ls-files", "blame"})
+WRITING_FIND = frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprintf"})
+
+
+def _read_only(command: SimpleCommand) -> bool:
+    if command.writes_to or command.dynamic_name or command.assignments:
+        return False
+    name, args = command.name, command.argv[1:]
+    if name == "find":
+        return not WRITING_FIND & set(args)
+    if name == "sed":
+        return not any(a.startswith(("-i", "--in-place")) for a in args)
+    if name == "sort":
+        return not any(a.startswith(("-o", "--output")) for a in args)
+    if name == "git":
+        return bool(args) and args[0] in READ_ONLY_GIT
+    return name in READ_ONLY
 
 
 def _stays_inside(target: str) -> bool:
