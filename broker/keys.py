@@ -60,3 +60,13 @@ def sandbox_used(container: str) -> str:
 def session_ended(session_id: str) -> str:
     """Set when a session's job ends: its background processes are then killed."""
     return f"{PREFIX}:ended:{session_id}"
+
+
+def cancel_call(job_id: str, turn: int, call_id: str) -> str:
+    """Set to stop one call (an error cascade, a steer): its worker kills it."""
+    return f"{PREFIX}:cancel:{job_id}:{turn}:{call_id}"
+
+
+def steer(job_id: str) -> str:
+    """Messages a user sent to redirect a running job, oldest first."""
+    return f"{PREFIX}:steer:{job_id}"

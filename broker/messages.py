@@ -140,6 +140,7 @@ EventType = Literal[
     "tool_call_denied",
     "approval_requested",
     "approval_resolved",
+    "steered",
     "job_finished",
 ]
 

@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     # agent loop
     max_iterations: int = Field(20, ge=1, description="model turns per job before max_iterations")
     max_parallel_calls: int = Field(10, ge=1, description="concurrency-safe calls run at once")
+    exec_error_cascade: bool = Field(True, description="a failed exec stops its batch siblings")
+    steer_settle_s: float = Field(0.5, ge=0, description="pause between stopping and steering")
     max_jobs_per_orchestrator: int = Field(2000, ge=1)
 
     # model providers

@@ -297,6 +297,21 @@ def approve(job_id: str, request_id: str, decision: str, by: str) -> None:
 
 @main.command()
 @click.argument("job_id")
+@click.argument("message")
+def steer(job_id: str, message: str) -> None:
+    """Redirect a running job: stop its current work and go on with MESSAGE."""
+    from orchestrator.client import Client, ClientError
+
+    with Client(settings_from_env()) as client:
+        try:
+            client.job(job_id).steer(message)
+        except ClientError as exc:
+            raise click.UsageError(str(exc)) from None
+    console.print(f"steered {job_id}")
+
+
+@main.command()
+@click.argument("job_id")
 def cancel(job_id: str) -> None:
     """Cancel a job: no further model turns; it ends `cancelled`."""
     from orchestrator.client import Client

@@ -106,9 +106,25 @@ class Job:
         self.client.redis.set(answer_key(request_id), stored, ex=self.client.settings.events_ttl_s)
         self.client.redis.publish(keys.CONTROL_CHANNEL, message)
 
+    def steer(self, message: str) -> None:
+        """Redirect a running job: its current work stops, and after a short settle it goes
+        on with `message` as the user's next input."""
+        if not message.strip():
+            raise ClientError("steer message is empty")
+        if self.client.store.job_status(self.id) in FINAL_STATUSES:
+            raise ClientError(f"job {self.id} has ended; submit a new one instead")
+        key = keys.steer(self.id)
+        pipe = self.client.redis.pipeline()
+        pipe.rpush(key, message)
+        pipe.expire(key, self.client.settings.events_ttl_s)
+        pipe.publish(keys.CONTROL_CHANNEL, json.dumps({"steer": self.id}))
+        pipe.execute()
+
     def cancel(self) -> None:
         """Ask for the job to stop: no further turns; the job ends `cancelled`."""
-        self.client.redis.set(keys.cancel(self.id), "1", ex=self.client.settings.events_ttl_s)
+        self.client.redis.set(
+            keys.cancel(self.id), "the job was cancelled", ex=self.client.settings.events_ttl_s
+        )
         self.client.redis.publish(keys.CONTROL_CHANNEL, json.dumps({"cancel": self.id}))
 
 

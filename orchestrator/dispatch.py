@@ -28,6 +28,19 @@ from workers.tasks import task_name
 log = logging.getLogger("clawq.dispatch")
 
 
+def cancelled_outcome(job_id: str, turn: int, call_id: str, reason: str) -> CallOutcome:
+    return CallOutcome(
+        call_id=call_id,
+        job_id=job_id,
+        turn=turn,
+        for_llm=f"not completed: {reason}",
+        is_error=True,
+        worker="orchestrator",
+        attempts=0,
+        metadata={"cancelled": True},
+    )
+
+
 @dataclass
 class Pending:
     envelope: CallEnvelope
@@ -74,6 +87,10 @@ class Dispatcher:
             root_id=env.job_id,
             kwargsrepr=repr({"tool": env.tool, "call_id": env.call_id, "job": env.job_id}),
         )
+
+    def resolve_cancelled(self, job_id: str, turn: int, call_id: str, reason: str) -> None:
+        """Answer a waiting call now: it was stopped (its worker is told separately)."""
+        self._resolve(cancelled_outcome(job_id, turn, call_id, reason))
 
     def _resolve(self, outcome: CallOutcome) -> None:
         pending = self.pending.get((outcome.job_id, outcome.turn, outcome.call_id))

@@ -59,6 +59,7 @@ class Orchestrator:
         self.id = process_id("orchestrator")
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self.cancelling: set[str] = set()
+        self.steering: set[str] = set()
         self.slots = asyncio.Semaphore(settings.max_jobs_per_orchestrator)
         self._stop_consuming = threading.Event()
         self._lease_ms = int(settings.heartbeat_ttl_s * 1000)
@@ -177,13 +178,23 @@ class Orchestrator:
 
     async def _drive(self, run: JobRun) -> None:
         try:
-            await run.run()
-        except asyncio.CancelledError:
-            if run.job_id in self.cancelling:
-                await run.finish("cancelled", "", "cancelled by request")
-            else:  # shutting down: leave the job to another orchestrator
-                await self.redis.delete(keys.lease(run.job_id))
-                raise
+            while True:
+                try:
+                    await run.run()
+                    break
+                except asyncio.CancelledError:
+                    if run.job_id in self.steering:  # stop this turn's work, then go on
+                        self.steering.discard(run.job_id)
+                        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                        await run.abandon_turn("the user steered the job elsewhere")
+                        await asyncio.sleep(self.settings.steer_settle_s)
+                        continue  # run() resumes; the steer message is the next input
+                    if run.job_id in self.cancelling:
+                        await run.abandon_turn("the job was cancelled")
+                        await run.finish("cancelled", "", "cancelled by request")
+                        break
+                    await self.redis.delete(keys.lease(run.job_id))  # shutting down
+                    raise
         except Exception as exc:
             log.exception("job %s crashed", run.job_id)
             await run.finish("failed", "", f"orchestrator error: {type(exc).__name__}: {exc}")
@@ -234,9 +245,11 @@ class Orchestrator:
         if "approve" in command:
             self.approvals.on_answer(ApprovalAnswer.model_validate(command["approve"]))
             return
-        job_id = command.get("cancel")
-        if job_id in self.jobs:
+        if (job_id := command.get("cancel")) in self.jobs:
             self.cancelling.add(job_id)
+            self.jobs[job_id].cancel()
+        if (job_id := command.get("steer")) in self.jobs and job_id not in self.cancelling:
+            self.steering.add(job_id)
             self.jobs[job_id].cancel()
 
     async def recover(self) -> None:

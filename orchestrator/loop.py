@@ -31,7 +31,7 @@ from broker.settings import Settings
 from broker.store import AsyncStore
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import Message, ToolCall, ToolResultBlock
-from orchestrator.dispatch import Dispatcher
+from orchestrator.dispatch import Dispatcher, cancelled_outcome
 from orchestrator.gate import Gate, Ready, Refused
 from orchestrator.hooks import Hooks
 from orchestrator.permissions import exec_approvals, hidden_paths, job_rules
@@ -72,6 +72,7 @@ class JobRun:
         self.session_id = session_id
         self.spec = spec
         self.messages: list[Message] = []
+        self.in_flight: tuple[int, list[ToolCall], dict[int, CallOutcome]] | None = None
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
 
     def prepare(self) -> None:
@@ -141,6 +142,7 @@ class JobRun:
             if self.turns >= self.spec.max_iterations:
                 return "max_iterations", "", f"stopped after {self.turns} model turns"
             await self.check_cancelled()
+            await self.take_steering()
             turn = self.turns
             await self.emit("turn_started", turn=turn + 1)
             request = ModelRequest(
@@ -159,6 +161,18 @@ class JobRun:
                 return "completed", reply.text, ""
             await self.check_cancelled()
             await self.run_calls(turn, reply.tool_calls)
+
+    async def take_steering(self) -> None:
+        """Messages the user sent to redirect the job become its next user input."""
+        key = keys.steer(self.job_id)
+        async with self.s.redis.pipeline(transaction=True) as pipe:
+            pipe.lrange(key, 0, -1)
+            pipe.delete(key)
+            raw, _ = await pipe.execute()
+        if raw:
+            text = "\n\n".join(m.decode() if isinstance(m, bytes) else m for m in raw)
+            await self.append(Message(role="user", text=text, job_id=self.job_id))
+            await self.emit("steered", text=text[:2000])
 
     async def check_cancelled(self) -> None:
         if await self.s.redis.exists(keys.cancel(self.job_id)):
@@ -185,6 +199,7 @@ class JobRun:
     async def run_calls(self, turn: int, calls: list[ToolCall]) -> None:
         """Check, schedule and await a turn's calls; record their results in model order."""
         outcomes: dict[int, CallOutcome] = {}
+        self.in_flight = (turn, calls, outcomes)
         ready: list[tuple[int, Ready]] = []
         seen: set[str] = set()
         for index, call in enumerate(calls):
@@ -196,9 +211,54 @@ class JobRun:
             else:
                 ready.append((index, checked))
         for batch in partition(ready, lambda item: item[1].tool.concurrency_safe(item[1].args)):
-            results = await asyncio.gather(*(self.dispatch(turn, r) for _, r in batch))
-            for (index, _), outcome in zip(batch, results, strict=True):
-                outcomes[index] = outcome
+            await self.run_batch(turn, batch, outcomes)
+        await self.record(turn, calls, outcomes)
+
+    async def run_batch(
+        self, turn: int, batch: list[tuple[int, Ready]], outcomes: dict[int, CallOutcome]
+    ) -> None:
+        """Run one batch; when an exec fails, its still-running siblings are stopped (the
+        error cascade: a failed command usually means the shared state is not as expected)."""
+        tasks = {asyncio.ensure_future(self.dispatch(turn, r)): (i, r) for i, r in batch}
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index, ready = tasks[task]
+                outcomes[index] = task.result()
+                failed = outcomes[index].is_error and ready.tool.name == "exec"
+                if failed and pending and self.s.settings.exec_error_cascade:
+                    command = str(ready.args.model_dump().get("command", ""))[:80]
+                    reason = f"cancelled because exec({command}) failed"
+                    await self.stop_calls(turn, [tasks[t][1].call for t in pending], reason)
+
+    async def stop_calls(self, turn: int, calls: list[ToolCall], reason: str) -> None:
+        """Tell the workers to stop these calls, and answer their waiters now."""
+        async with self.s.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.set(
+                    keys.cancel_call(self.job_id, turn, call.id),
+                    reason,
+                    ex=self.s.settings.events_ttl_s,
+                )
+            await pipe.execute()
+        for call in calls:
+            self.s.dispatcher.resolve_cancelled(self.job_id, turn, call.id, reason)
+
+    async def abandon_turn(self, reason: str) -> None:
+        """Stop the calls of the turn in flight and record a result for every one of them."""
+        if self.in_flight is None:
+            return
+        turn, calls, outcomes = self.in_flight
+        unfinished = [c for i, c in enumerate(calls) if i not in outcomes]
+        await self.stop_calls(turn, unfinished, reason)
+        for index, call in enumerate(calls):
+            outcomes.setdefault(index, cancelled_outcome(self.job_id, turn, call.id, reason))
+        await self.record(turn, calls, outcomes)
+
+    async def record(
+        self, turn: int, calls: list[ToolCall], outcomes: dict[int, CallOutcome]
+    ) -> None:
         ordered = [outcomes[i] for i in range(len(calls))]
         message = Message(
             role="tool",
@@ -212,6 +272,7 @@ class JobRun:
             self.session_id, self.job_id, len(self.messages), message.content(), ordered
         )
         self.messages.append(message)
+        self.in_flight = None
 
     def local_outcome(self, turn: int, call: ToolCall, refused: Refused) -> CallOutcome:
         result, decision = refused.result, refused.decision

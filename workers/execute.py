@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,9 @@ class WorkerRuntime:
     def execute(self, envelope: CallEnvelope) -> ToolResult:
         if time.time() > envelope.deadline:
             return ToolResult.error(f"{envelope.tool} expired in the queue before a worker took it")
+        cancelled = self.cancel_check(envelope)
+        if reason := cancelled():  # revoked while it waited in the queue
+            return ToolResult.error(f"{envelope.tool} was not run: {reason}", cancelled=True)
         ctx = ToolContext(
             context=envelope.context,
             settings=self.settings,
@@ -160,8 +164,27 @@ class WorkerRuntime:
             call_id=envelope.call_id,
             session_id=envelope.session_id,
             sandbox=self.sandbox,
+            cancelled=cancelled,
         )
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)
+
+    def cancel_check(self, envelope: CallEnvelope) -> Callable[[], str | None]:
+        """Why this call must stop now (its job was cancelled, or the call itself), or None.
+        Tools poll it while they run; it is one Redis round trip."""
+        names = [
+            keys.cancel(envelope.job_id),
+            keys.cancel_call(envelope.job_id, envelope.turn, envelope.call_id),
+        ]
+
+        def cancelled() -> str | None:
+            try:
+                found = self.redis.mget(names)
+            except redis.RedisError:
+                return None
+            reason = next((r for r in found if r), None)
+            return reason.decode() if isinstance(reason, bytes) else reason
+
+        return cancelled
 
     def stop(self) -> None:
         self.heartbeat.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class SandboxRun:
     truncated: bool
     timed_out: bool
     container: str
+    cancelled: str | None = None
 
 
 def _close(sock: Any) -> None:
@@ -155,6 +157,7 @@ class Sandbox:
         timeout: float,
         cap: int,
         env: dict[str, str],
+        cancelled: Callable[[], str | None] = lambda: None,
     ) -> SandboxRun:
         """Run `command` in the key's container; kill its process group on timeout."""
         from docker.utils.socket import frames_iter
@@ -181,19 +184,25 @@ class Sandbox:
 
         reader = threading.Thread(target=drain, daemon=True)
         reader.start()
-        reader.join(timeout)
-        timed_out = reader.is_alive()
-        if timed_out:
+        deadline = time.monotonic() + timeout
+        stopped = None
+        while reader.is_alive() and time.monotonic() < deadline:
+            reader.join(min(0.2, max(deadline - time.monotonic(), 0.01)))
+            if reader.is_alive() and (stopped := cancelled()):
+                break
+        timed_out = reader.is_alive() and not stopped
+        if reader.is_alive():
             self._kill_group(ctr, pidfile)
             reader.join(5)
         code = self.exit_code(exec_id)
         return SandboxRun(
-            None if timed_out else code,
+            None if timed_out or stopped else code,
             bytes(out),
             bytes(err),
             state["truncated"],
             timed_out,
             ctr.name,
+            stopped,
         )
 
     def attach(

@@ -7,6 +7,7 @@ restrictive side: not concurrency-safe, permission "ask", side effect "write".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Generic, Literal, TypeVar
@@ -60,6 +61,7 @@ class ToolContext:
     call_id: str = ""
     session_id: str = ""
     sandbox: Sandbox | None = None  # this process's sandbox when it is enabled
+    cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -133,8 +134,13 @@ class Exec(Tool[ExecInput]):
                 raise ToolError("the sandbox is enabled but this worker has none; not running")
             done = _in_sandbox(ctx.sandbox, ctx, ws.root, cwd, args.command, timeout)
         else:
-            done = _on_host(cwd, args.command, timeout, ctx.settings.exec_output_cap_bytes)
+            done = _on_host(
+                cwd, args.command, timeout, ctx.settings.exec_output_cap_bytes, ctx.cancelled
+            )
         return _result(args.command, done, timeout, time.monotonic() - started)
+
+
+CANCEL_POLL_S = 0.2  # how often a running command looks for a cancel
 
 
 @dataclass
@@ -144,9 +150,12 @@ class _Done:
     stderr: str
     timed_out: bool
     where: str
+    cancelled: str | None = None
 
 
-def _on_host(cwd: str, command: str, timeout: float, cap: int) -> _Done:
+def _on_host(
+    cwd: str, command: str, timeout: float, cap: int, cancelled: Callable[[], str | None]
+) -> _Done:
     env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["PWD"] = cwd
@@ -163,17 +172,26 @@ def _on_host(cwd: str, command: str, timeout: float, cap: int) -> _Done:
     assert proc.stdout is not None and proc.stderr is not None
     out = _Capture(proc.stdout, cap)
     err = _Capture(proc.stderr, cap)
-    timed_out = False
+    timed_out, stopped = False, None
+    deadline = time.monotonic() + timeout
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        while True:
+            try:
+                proc.wait(timeout=min(CANCEL_POLL_S, max(deadline - time.monotonic(), 0.01)))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                if stopped := cancelled():
+                    break
     finally:
         _kill_group(proc)
         proc.wait()
     out.join()
     err.join()
-    return _Done(None if timed_out else proc.returncode, out.text(), err.text(), timed_out, "host")
+    code = None if timed_out or stopped else proc.returncode
+    return _Done(code, out.text(), err.text(), timed_out, "host", stopped)
 
 
 def _in_sandbox(
@@ -182,7 +200,9 @@ def _in_sandbox(
     cap = ctx.settings.exec_output_cap_bytes
     key = ctx.context.sandbox_key or ctx.job_id
     try:
-        run = sandbox.run(key, root, command, cwd, timeout, cap, {"HOME": "/tmp"})
+        run = sandbox.run(
+            key, root, command, cwd, timeout, cap, {"HOME": "/tmp"}, cancelled=ctx.cancelled
+        )
     except SandboxError as exc:
         raise ToolError(f"sandbox error, command not run: {exc}") from exc
     marker = TRUNCATED.format(cap=cap) if run.truncated else ""
@@ -192,6 +212,7 @@ def _in_sandbox(
         run.stderr.decode(errors="replace"),
         run.timed_out,
         f"sandbox {run.container}",
+        run.cancelled,
     )
 
 
@@ -199,6 +220,9 @@ def _result(command: str, done: _Done, timeout: float, elapsed: float) -> ToolRe
     text = done.stdout
     if done.stderr:
         text += ("\n" if text and not text.endswith("\n") else "") + "[stderr]\n" + done.stderr
+    if done.cancelled:
+        message = f"{text}\n[stopped: {done.cancelled}]".lstrip()
+        return ToolResult.error(message, cancelled=True, seconds=elapsed, where=done.where)
     if done.timed_out:
         message = f"{text}\n[command timed out after {timeout:g}s and was killed]".lstrip()
         return ToolResult.error(
