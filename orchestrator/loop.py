@@ -38,7 +38,7 @@ from orchestrator.permissions import exec_approvals, hidden_paths, job_rules
 from orchestrator.policy import PolicyEngine, PolicyError
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.rules import RuleError
-from orchestrator.scheduler import partition
+from orchestrator.turn import TurnCalls
 from workers.registry import Registry
 
 log = logging.getLogger("clawq.loop")
@@ -72,7 +72,7 @@ class JobRun:
         self.session_id = session_id
         self.spec = spec
         self.messages: list[Message] = []
-        self.in_flight: tuple[int, list[ToolCall], dict[int, CallOutcome]] | None = None
+        self.current: TurnCalls | None = None  # the calls of the turn in flight
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
 
     def prepare(self) -> None:
@@ -152,15 +152,17 @@ class JobRun:
                 anthropic_tools=self.s.registry.anthropic_tools(self.tools),
                 turn=turn,
             )
-            reply = await provider.complete(request)
+            self.current = TurnCalls(self, turn)  # calls start as the stream delivers them
+            reply = await provider.complete(request, on_tool_call=self.current.add)
             reply.job_id = self.job_id
             if reply.text:
                 await self.emit("model_text", turn=turn + 1, text=reply.text)
             await self.append(reply, turn=turn)
+            if reply.tool_calls:
+                await self.current.finish(reply.tool_calls)
+            self.current = None
             if not reply.tool_calls:
                 return "completed", reply.text, ""
-            await self.check_cancelled()
-            await self.run_calls(turn, reply.tool_calls)
 
     async def take_steering(self) -> None:
         """Messages the user sent to redirect the job become its next user input."""
@@ -198,63 +200,27 @@ class JobRun:
 
     async def run_calls(self, turn: int, calls: list[ToolCall]) -> None:
         """Check, schedule and await a turn's calls; record their results in model order."""
-        outcomes: dict[int, CallOutcome] = {}
-        self.in_flight = (turn, calls, outcomes)
-        ready: list[tuple[int, Ready]] = []
-        seen: set[str] = set()
-        for index, call in enumerate(calls):
-            checked = await self.gate.check(turn, call, seen)
-            seen.add(call.id)
-            if isinstance(checked, Refused):
-                outcomes[index] = self.local_outcome(turn, call, checked)
-                await self.emit_finished(call, outcomes[index])
-            else:
-                ready.append((index, checked))
-        for batch in partition(ready, lambda item: item[1].tool.concurrency_safe(item[1].args)):
-            await self.run_batch(turn, batch, outcomes)
-        await self.record(turn, calls, outcomes)
+        self.current = TurnCalls(self, turn)
+        await self.current.finish(calls)
+        self.current = None
 
-    async def run_batch(
-        self, turn: int, batch: list[tuple[int, Ready]], outcomes: dict[int, CallOutcome]
-    ) -> None:
-        """Run one batch; when an exec fails, its still-running siblings are stopped (the
-        error cascade: a failed command usually means the shared state is not as expected)."""
-        tasks = {asyncio.ensure_future(self.dispatch(turn, r)): (i, r) for i, r in batch}
-        pending = set(tasks)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                index, ready = tasks[task]
-                outcomes[index] = task.result()
-                failed = outcomes[index].is_error and ready.tool.name == "exec"
-                if failed and pending and self.s.settings.exec_error_cascade:
-                    command = str(ready.args.model_dump().get("command", ""))[:80]
-                    reason = f"cancelled because exec({command}) failed"
-                    await self.stop_calls(turn, [tasks[t][1].call for t in pending], reason)
-
-    async def stop_calls(self, turn: int, calls: list[ToolCall], reason: str) -> None:
-        """Tell the workers to stop these calls, and answer their waiters now."""
-        async with self.s.redis.pipeline(transaction=False) as pipe:
-            for call in calls:
-                pipe.set(
-                    keys.cancel_call(self.job_id, turn, call.id),
-                    reason,
-                    ex=self.s.settings.events_ttl_s,
-                )
-            await pipe.execute()
-        for call in calls:
-            self.s.dispatcher.resolve_cancelled(self.job_id, turn, call.id, reason)
+    def cancel_key(self, turn: int, call_id: str) -> str:
+        return keys.cancel_call(self.job_id, turn, call_id)
 
     async def abandon_turn(self, reason: str) -> None:
-        """Stop the calls of the turn in flight and record a result for every one of them."""
-        if self.in_flight is None:
+        """Stop the calls of the turn in flight; record a result for every one of them
+        once the model's message is in the transcript (a cut stream records nothing)."""
+        current, self.current = self.current, None
+        if current is None:
             return
-        turn, calls, outcomes = self.in_flight
-        unfinished = [c for i, c in enumerate(calls) if i not in outcomes]
-        await self.stop_calls(turn, unfinished, reason)
-        for index, call in enumerate(calls):
-            outcomes.setdefault(index, cancelled_outcome(self.job_id, turn, call.id, reason))
-        await self.record(turn, calls, outcomes)
+        await current.stop_all(reason)
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last.role == "assistant" and last.tool_calls:
+            for index, call in enumerate(last.tool_calls):
+                current.outcomes.setdefault(
+                    index, cancelled_outcome(self.job_id, current.turn, call.id, reason)
+                )
+            await self.record(current.turn, last.tool_calls, current.outcomes)
 
     async def record(
         self, turn: int, calls: list[ToolCall], outcomes: dict[int, CallOutcome]
@@ -272,7 +238,6 @@ class JobRun:
             self.session_id, self.job_id, len(self.messages), message.content(), ordered
         )
         self.messages.append(message)
-        self.in_flight = None
 
     def local_outcome(self, turn: int, call: ToolCall, refused: Refused) -> CallOutcome:
         result, decision = refused.result, refused.decision

@@ -4,6 +4,7 @@ against recorded wire-format streams served by a local HTTP server."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,58 @@ def test_provider_error_fails_the_job_clearly(
     result = job.wait(timeout=60)
     assert result.status == "failed"
     assert "HTTP 401" in result.error and "invalid api key" in result.error
+
+
+def test_a_streamed_call_starts_before_the_stream_ends(
+    cluster: Cluster, server: ModelServer, workspace: Path
+) -> None:
+    first = json.dumps({"path": "first.txt", "content": "written while streaming"})
+    second = json.dumps({"path": "first.txt"})
+    release = server.reply_sse(
+        sse(
+            [
+                openai({"role": "assistant", "content": "Two calls."}),
+                openai(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_first",
+                                "type": "function",
+                                "function": {"name": "write_file", "arguments": first},
+                            }
+                        ]
+                    }
+                ),
+                openai(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 1,
+                                "id": "call_second",
+                                "type": "function",
+                                "function": {"name": "read_file", "arguments": ""},
+                            }
+                        ]
+                    }
+                ),
+                openai({"tool_calls": [{"index": 1, "function": {"arguments": second}}]}),
+                openai({}, finish="tool_calls"),
+            ],
+            done=True,
+        ),
+        hold_after="call_second",  # the stream pauses once the first call is complete
+    )
+    server.reply_sse(sse([openai({"content": "ok"}), openai({}, "stop")], done=True))
+    job = cluster.client.submit("stream", model="openai", workspace=str(workspace))
+    target = workspace / "first.txt"
+    deadline = time.monotonic() + 20
+    while not target.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    written_during_stream = target.exists() and not release.is_set()
+    release.set()
+    result = job.wait(timeout=60)
+    assert written_during_stream  # a worker ran it while the model was still streaming
+    assert result.status == "completed"
+    assert [c.id for c in result.tool_calls] == ["call_first", "call_second"]
+    assert "written while streaming" in result.tool_calls[1].output
