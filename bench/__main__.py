@@ -261,6 +261,55 @@ class Bench:
                 rows.append((n, asyncio.run(self.exec_rate(SCALE_CALLS * n, workspace))))
         return rows
 
+    # -- (e): one turn of parallel safe calls -------------------------------------------
+
+    def batch(self, size: int = 10) -> tuple[float, float]:
+        """Seconds for a turn of one `exec sleep 0.1`, and for a turn of `size` of them."""
+        from orchestrator.client import Client
+
+        workspace = tempfile.mkdtemp(prefix="clawq-bench-")
+        cli = [PY, "-m", "orchestrator.cli"]
+        worker = [
+            *cli,
+            "worker",
+            "--group",
+            "runtime",
+            "--concurrency",
+            str(size),
+            "--log-level",
+            "warning",
+        ]
+        with (
+            process([*cli, "orchestrator", "--log-level", "warning"], self.env),
+            process(worker, self.env),
+        ):
+            wait_for(self.workers_ready("runtime", size))
+            wait_for(
+                lambda: any(p.get("kind") == "orchestrator" for p in live_processes(self.redis))
+            )
+            client = Client(self.settings)
+
+            def turn_seconds(n: int) -> float:
+                calls = [
+                    {"id": f"c{i}", "name": "exec", "input": {"command": "sleep 0.1"}}
+                    for i in range(n)
+                ]
+                job = client.submit(
+                    "batch",
+                    workspace=workspace,
+                    allow=["exec"],
+                    script={"turns": [{"tool_calls": calls}, {"text": "ok"}]},
+                )
+                job.wait(timeout=60)
+                seen = [e for e in job.events() if e.type.startswith("tool_call_")]
+                return max(e.at for e in seen) - min(e.at for e in seen)
+
+            turn_seconds(size)  # warm every executor
+            one = statistics.median(turn_seconds(1) for _ in range(5))
+            many = statistics.median(turn_seconds(size) for _ in range(5))
+            client.close()
+        return one, many
+
     # -- (c): many jobs on one orchestrator ----------------------------------------------
 
     def many_jobs(self) -> dict[str, float]:
@@ -399,6 +448,15 @@ def main() -> None:
             f"{c['p99_ms']:.1f}",
             f"{c['peak_rss_mb']:.0f}",
         )
+        console.print(table)
+        one, many = bench.batch()
+        table = Table(
+            title="(e) one turn of 10 concurrency-safe calls (exec sleep 0.1), 10 executors"
+        )
+        for col in ("turn", "seconds (median of 5)", "vs one call"):
+            table.add_column(col, justify="right")
+        table.add_row("1 call", f"{one:.3f}", "1.00x")
+        table.add_row("10 calls", f"{many:.3f}", f"{many / one:.2f}x")
         console.print(table)
         rows = bench.scaling()
         table = Table(title="(d) runtime group scaling: exec `sleep 0.05`, N worker processes")
