@@ -123,7 +123,7 @@ class ToolCallRecord(BaseModel):
 
 class JobResult(BaseModel):
     job_id: str
-    status: str
+    status: JobStatus
     final_text: str = ""
     error: str = ""
     iterations: int = 0

@@ -16,6 +16,7 @@ from broker.messages import Group
 from broker.policy_config import PermissionMode, PermissionRules
 from broker.settings import Settings
 from orchestrator.rules import Rule, rules_from
+from workers.paths import rule_pattern
 from workers.tool import SideEffect, Tool, ToolInput
 
 Behavior = Literal["allow", "ask", "deny"]
@@ -130,8 +131,6 @@ def decide(
 
 def hidden_paths(rules: list[Rule], workspace: str) -> list[str]:
     """Workspace globs that deny or ask rules on read tools keep from directory walks."""
-    from workers.paths import rule_pattern
-
     out = []
     for rule in rules:
         if rule.kind != "allow" and rule.tool == "read_file" and rule.specifier:

@@ -8,7 +8,7 @@ restrictive side: not concurrency-safe, permission "ask", side effect "write".
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -62,7 +62,6 @@ class ToolContext:
     session_id: str = ""
     sandbox: Sandbox | None = None  # this process's sandbox when it is enabled
     cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 InputT = TypeVar("InputT", bound=ToolInput)
