@@ -70,3 +70,11 @@ def cancel_call(job_id: str, turn: int, call_id: str) -> str:
 def steer(job_id: str) -> str:
     """Messages a user sent to redirect a running job, oldest first."""
     return f"{PREFIX}:steer:{job_id}"
+
+
+SUBAGENTS_RUNNING = f"{PREFIX}:subagents:running"  # child job → lease expiry (ms)
+
+
+def subagent_children(parent_job: str) -> str:
+    """A parent's children, counted until archived."""
+    return f"{PREFIX}:subagents:children:{parent_job}"
