@@ -78,3 +78,11 @@ SUBAGENTS_RUNNING = f"{PREFIX}:subagents:running"  # child job → lease expiry 
 def subagent_children(parent_job: str) -> str:
     """A parent's children, counted until archived."""
     return f"{PREFIX}:subagents:children:{parent_job}"
+
+
+ANNOUNCE_DUE = f"{PREFIX}:announce-due"  # parent job → when its batch is due
+
+
+def announce(parent_job: str) -> str:
+    """Children's results waiting for their parent, in arrival order."""
+    return f"{PREFIX}:announce:{parent_job}"
