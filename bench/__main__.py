@@ -261,6 +261,52 @@ class Bench:
                 rows.append((n, asyncio.run(self.exec_rate(SCALE_CALLS * n, workspace))))
         return rows
 
+    # -- (f): subagent admission ------------------------------------------------------------
+
+    def admission(self) -> dict[str, float]:
+        """Cost of one admission (one Lua round trip) against a bare PING, and a storm of 100
+        parents x 5 children admitted by 4 threads under the seed's limits."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from broker.admission import Limits, SubagentSlots
+
+        slots = SubagentSlots(self.redis, Limits(max_concurrent=8, max_children=5))
+        pings, admits = [], []
+        for i in range(500):
+            started = time.perf_counter()
+            self.redis.ping()
+            pings.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            slots.admit(f"cost-{i}", f"cost-parent-{i}", 1)
+            admits.append(time.perf_counter() - started)
+            slots.release(f"cost-{i}")
+        highest = 0
+
+        def parent(p: int) -> int:
+            nonlocal highest
+            done = 0
+            for c in range(5):
+                child = f"storm-{p}-{c}"
+                while not slots.admit(child, f"storm-parent-{p}", 1).admitted:
+                    time.sleep(0.001)
+                highest = max(highest, slots.running())
+                time.sleep(0.005)  # the child "runs"
+                slots.release(child)
+                done += 1
+            return done
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            spawned = sum(pool.map(parent, range(100)))
+        storm = time.perf_counter() - started
+        return {
+            "ping_ms": ms(pings, 0.5),
+            "admit_ms": ms(admits, 0.5),
+            "spawned": spawned,
+            "storm_s": storm,
+            "highest": highest,
+        }
+
     # -- (e): one turn of parallel safe calls -------------------------------------------
 
     def batch(self, size: int = 10) -> tuple[float, float]:
@@ -457,6 +503,24 @@ def main() -> None:
             table.add_column(col, justify="right")
         table.add_row("1 call", f"{one:.3f}", "1.00x")
         table.add_row("10 calls", f"{many:.3f}", f"{many / one:.2f}x")
+        console.print(table)
+        adm = bench.admission()
+        table = Table(title="(f) subagent admission (one Lua round trip per spawn)")
+        for col in (
+            "admit p50 ms",
+            "PING p50 ms",
+            "storm: 100 parents x 5 children",
+            "storm seconds",
+            "highest concurrency (limit 8)",
+        ):
+            table.add_column(col, justify="right")
+        table.add_row(
+            f"{adm['admit_ms']:.3f}",
+            f"{adm['ping_ms']:.3f}",
+            f"{adm['spawned']:.0f} admitted",
+            f"{adm['storm_s']:.2f}",
+            f"{adm['highest']:.0f}",
+        )
         console.print(table)
         rows = bench.scaling()
         table = Table(title="(d) runtime group scaling: exec `sleep 0.05`, N worker processes")
