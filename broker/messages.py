@@ -34,6 +34,7 @@ class CallContext(BaseModel):
     """Per-call values a tool may read; never shared mutable state (goclaw §1)."""
 
     workspace: str
+    user_id: str = ""
     channel: str = ""
     chat_id: str = ""
     peer_kind: str = ""

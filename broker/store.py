@@ -142,6 +142,36 @@ class Store:
         row = self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
         return row["status"] if row else None
 
+    def transcript(self, session_id: str, last: int) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s"
+            " ORDER BY seq DESC LIMIT %s",
+            (session_id, last),
+        ).fetchall()
+        return list(reversed(rows))
+
+    def sessions(self, agent_id: str, user_id: str, limit: int) -> list[dict[str, Any]]:
+        """An agent's (and user's) sessions, newest first, with their latest job."""
+        return self.conn.execute(
+            "SELECT s.id, s.created_at, j.id AS job_id, j.status, j.iterations,"
+            " left(j.spec->>'prompt', 80) AS prompt FROM sessions s"
+            " JOIN LATERAL (SELECT * FROM jobs WHERE session_id = s.id"
+            "   ORDER BY created_at DESC LIMIT 1) j ON true"
+            " WHERE s.agent_id = %s AND s.user_id = %s ORDER BY s.created_at DESC LIMIT %s",
+            (agent_id, user_id, limit),
+        ).fetchall()
+
+    def session_status(self, session_id: str) -> dict[str, Any] | None:
+        return self.conn.execute(
+            "SELECT s.id, s.agent_id, s.created_at,"
+            " (SELECT count(*) FROM messages m WHERE m.session_id = s.id) AS messages,"
+            " (SELECT count(*) FROM jobs j WHERE j.session_id = s.id) AS jobs,"
+            " (SELECT count(*) FROM tool_calls c JOIN jobs j ON j.id = c.job_id"
+            "   WHERE j.session_id = s.id) AS tool_calls"
+            " FROM sessions s WHERE s.id = %s",
+            (session_id,),
+        ).fetchone()
+
     def approval(self, request_id: str) -> dict[str, Any] | None:
         return self.conn.execute(SELECT_APPROVAL, (request_id,)).fetchone()
 

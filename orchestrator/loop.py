@@ -268,6 +268,7 @@ class JobRun:
                 input=ready.args.model_dump(mode="json", exclude_unset=True),
                 context=CallContext(
                     workspace=self.spec.workspace,
+                    user_id=self.spec.user_id,
                     sandbox_key=(
                         self.session_id
                         if self.s.settings.sandbox_scope == "session"

@@ -11,6 +11,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 IMAGE = "localhost/clawq-sandbox:latest"
 SOCKET = "/run/podman/clawq-tests.sock"
@@ -52,8 +53,6 @@ class EngineUnavailable(Exception):
 
 def docker_url() -> str:
     """A reachable Docker API URL, starting podman's service if needed."""
-    import docker
-
     if os.environ.get("DOCKER_HOST"):
         return os.environ["DOCKER_HOST"]
     url = f"unix://{SOCKET}"
@@ -73,7 +72,6 @@ def docker_url() -> str:
             return url
         time.sleep(0.1)
     raise EngineUnavailable(f"podman service did not answer on {url}")
-    del docker
 
 
 def _reachable(url: str) -> bool:
@@ -93,6 +91,15 @@ def ensure_image(url: str) -> str:
     import docker
 
     client = docker.DockerClient(base_url=url)
+    try:
+        return _ensure_image(client)
+    finally:
+        client.close()
+
+
+def _ensure_image(client: Any) -> str:
+    import docker
+
     try:
         client.images.get(IMAGE)
         return IMAGE

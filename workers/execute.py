@@ -22,6 +22,7 @@ from broker.ledger import Ledger
 from broker.messages import CallEnvelope, CallOutcome
 from broker.presence import Heartbeat, process_id
 from broker.settings import Settings
+from broker.store import Store
 from workers.registry import Registry
 from workers.sandbox import Sandbox, SandboxError
 from workers.scrub import Scrubber, secrets_of
@@ -44,6 +45,7 @@ class WorkerRuntime:
     heartbeat: Heartbeat
     scrub: Scrubber
     sandbox: Sandbox | None = None
+    _store: Store | None = None
 
     @classmethod
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
@@ -164,9 +166,16 @@ class WorkerRuntime:
             call_id=envelope.call_id,
             session_id=envelope.session_id,
             sandbox=self.sandbox,
+            store=self.store,
             cancelled=cancelled,
         )
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)
+
+    def store(self) -> Store:
+        """This process's PostgreSQL connection, opened on first use."""
+        if self._store is None:
+            self._store = Store(self.settings.database_url)
+        return self._store
 
     def cancel_check(self, envelope: CallEnvelope) -> Callable[[], str | None]:
         """Why this call must stop now (its job was cancelled, or the call itself), or None.

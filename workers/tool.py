@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from broker.messages import CallContext, Group
 from broker.settings import Settings
 from workers.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from broker.store import Store
 
 Permission = Literal["allow", "ask", "deny"]
 RuleKind = Literal["allow", "ask", "deny"]
@@ -61,6 +64,7 @@ class ToolContext:
     call_id: str = ""
     session_id: str = ""
     sandbox: Sandbox | None = None  # this process's sandbox when it is enabled
+    store: Callable[[], Store] | None = None  # PostgreSQL, for tools that read sessions
     cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
 
 

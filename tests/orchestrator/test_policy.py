@@ -24,7 +24,6 @@ def make_tool(name: str, group: Group) -> type[Tool[Any]]:
 def registry() -> Registry:
     reg = default_registry()
     reg.register(
-        make_tool("session_status", Group.sessions),
         make_tool("sessions_spawn", Group.sessions),
         make_tool("sessions_send", Group.sessions),
         make_tool("message", Group.messaging),
@@ -41,6 +40,8 @@ ALL = FS | {
     "exec",
     "process",
     "session_status",
+    "sessions_list",
+    "sessions_history",
     "sessions_spawn",
     "sessions_send",
     "message",
@@ -55,9 +56,22 @@ ALL = FS | {
         (
             {"profile": "coding"},
             {},
-            FS | {"exec", "process", "session_status", "sessions_spawn", "sessions_send"},
+            FS
+            | {
+                "exec",
+                "process",
+                "session_status",
+                "sessions_list",
+                "sessions_history",
+                "sessions_spawn",
+                "sessions_send",
+            },
         ),
-        ({"profile": "messaging"}, {}, {"message", "sessions_send", "session_status"}),
+        (
+            {"profile": "messaging"},
+            {},
+            {"message", "sessions_send", "session_status", "sessions_list", "sessions_history"},
+        ),
         ({"profile": "minimal"}, {}, {"session_status"}),
         (
             {"byProvider": {"openai": {"profile": "minimal"}}},
@@ -91,7 +105,14 @@ ALL = FS | {
         (
             {},
             {"depth": 1, "max_depth": 1},
-            ALL - {"session_status", "sessions_send", "sessions_spawn"},
+            ALL
+            - {
+                "session_status",
+                "sessions_send",
+                "sessions_spawn",
+                "sessions_list",
+                "sessions_history",
+            },
         ),
     ],
 )

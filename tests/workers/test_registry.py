@@ -40,6 +40,9 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "glob",
             "exec",
             "process",
+            "session_status",
+            "sessions_list",
+            "sessions_history",
         }
     )
     schema = openai["edit_file"]["parameters"]
@@ -78,4 +81,4 @@ def test_declaration_problems_are_reported_together() -> None:
 
 def test_groups_have_queues() -> None:
     groups = default_registry().groups()
-    assert groups == [Group.fs, Group.runtime]
+    assert groups == [Group.fs, Group.runtime, Group.sessions]
