@@ -67,16 +67,15 @@ class TurnCalls:
         self.outcomes.setdefault(index, outcome)
         if (
             outcome.is_error
-            and ready.tool.name == "exec"
+            and ready.tool.cascades_on_error
             and self.run.s.settings.exec_error_cascade
         ):
-            command = str(ready.args.model_dump().get("command", ""))[:80]
             siblings = [
                 i
                 for i, g in self.groups.items()
                 if g == self.groups[index] and i != index and i not in self.outcomes
             ]
-            await self.stop(siblings, f"cancelled because exec({command}) failed")
+            await self.stop(siblings, f"cancelled because {ready.tool.summary(ready.args)} failed")
 
     async def stop(self, indexes: list[int], reason: str) -> None:
         """Stop these calls: their workers are told, their waiters answered now."""

@@ -82,6 +82,13 @@ class Tool(Generic[InputT]):
     default_permission: ClassVar[Permission] = "ask"
     timeout_s: ClassVar[float] = 60.0
 
+    # a failure here means shared state is not as expected: running siblings are stopped
+    cascades_on_error: ClassVar[bool] = False
+
+    def summary(self, args: InputT) -> str:
+        """A short name for this call in messages, e.g. `exec(make test)`."""
+        return self.name
+
     def route(self, args: InputT) -> str | None:
         """A queue other than the group's for this call (None: the group's queue)."""
         return None

@@ -58,6 +58,10 @@ class Exec(Tool[ExecInput]):
     input_model = ExecInput
     side_effect = SideEffect.write
     default_permission = "ask"
+    cascades_on_error = True  # a failed command usually leaves shared state unexpected
+
+    def summary(self, args: ExecInput) -> str:
+        return f"exec({args.command[:80]})"
 
     def rule_matches(self, specifier: str, args: ExecInput, workspace: str, kind: RuleKind) -> bool:
         """An allow rule must cover every command the line runs (wrappers are judged by what
