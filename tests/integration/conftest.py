@@ -6,12 +6,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from orchestrator.client import Client
 from orchestrator.stack import Stack
 from tests.conftest import Isolated
+
+
+def call(call_id: str, name: str, **input_: object) -> dict[str, Any]:
+    """One tool call in a scripted model's turn."""
+    return {"id": call_id, "name": name, "input": input_}
+
+
+def script(*turns: dict[str, Any]) -> dict[str, Any]:
+    """A scripted model: each turn is its next reply."""
+    return {"turns": list(turns)}
 
 
 @dataclass

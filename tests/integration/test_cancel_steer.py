@@ -7,21 +7,16 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from orchestrator.client import Job
-from tests.integration.conftest import Cluster, start_cluster
+from tests.integration.conftest import Cluster, call, start_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     yield from start_cluster(workers_per_group=2)
-
-
-def exec_call(i: str, command: str) -> dict[str, Any]:
-    return {"id": i, "name": "exec", "input": {"command": command}}
 
 
 def wait_file(path: Path, timeout: float = 20) -> str:
@@ -64,8 +59,8 @@ def test_cancel_stops_a_running_command_within_a_second(cluster: Cluster, worksp
         allow=["exec"],
         script={
             "turns": [
-                {"tool_calls": [exec_call("s", "echo $$ > pid; exec sleep 30")]},
-                {"tool_calls": [exec_call("t", "touch second_turn")]},
+                {"tool_calls": [call("s", "exec", command="echo $$ > pid; exec sleep 30")]},
+                {"tool_calls": [call("t", "exec", command="touch second_turn")]},
                 {"text": "never"},
             ]
         },
@@ -76,15 +71,15 @@ def test_cancel_stops_a_running_command_within_a_second(cluster: Cluster, worksp
     assert gone_within(pid, 1.0) < 1.0
     result = job.wait(timeout=30)
     assert result.status == "cancelled" and time.monotonic() - started < 10
-    (call,) = result.tool_calls
-    assert call.is_error and "cancelled" in call.output
+    (only,) = result.tool_calls
+    assert only.is_error and "cancelled" in only.output
     assert not (workspace / "second_turn").exists()
 
 
 def test_a_failed_exec_cancels_its_running_siblings(cluster: Cluster, workspace: Path) -> None:
     calls = [  # all three only read, so they run as one parallel batch
-        exec_call("slow", "sleep 31.7"),
-        exec_call("bad", "sleep 0.5; ls /no/such/dir"),
+        call("slow", "exec", command="sleep 31.7"),
+        call("bad", "exec", command="sleep 0.5; ls /no/such/dir"),
         {"id": "read", "name": "list_files", "input": {}},
     ]
     job = cluster.client.submit(
@@ -117,7 +112,7 @@ def test_steer_stops_the_turn_and_continues_with_the_message(
         allow=["exec"],
         script={
             "turns": [
-                {"tool_calls": [exec_call("s", "echo $$ > pid; exec sleep 30")]},
+                {"tool_calls": [call("s", "exec", command="echo $$ > pid; exec sleep 30")]},
                 {"text": "steered: done"},
             ]
         },
@@ -127,7 +122,7 @@ def test_steer_stops_the_turn_and_continues_with_the_message(
     gone_within(pid, 1.0)
     result = job.wait(timeout=30)
     assert result.status == "completed" and result.final_text == "steered: done"
-    (call,) = result.tool_calls
-    assert call.is_error and "steered" in call.output
+    (only,) = result.tool_calls
+    assert only.is_error and "steered" in only.output
     steered = [e.data for e in job.events() if e.type == "steered"]
     assert steered == [{"text": "stop sleeping and wrap up"}]

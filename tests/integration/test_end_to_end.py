@@ -6,15 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster
-
-
-def script(*turns: dict) -> dict:
-    return {"turns": list(turns)}
-
-
-def call(call_id: str, name: str, **input_: object) -> dict:
-    return {"id": call_id, "name": name, "input": input_}
+from tests.integration.conftest import Cluster, call, script
 
 
 def test_fs_and_exec_calls_run_on_their_queues_in_different_processes(

@@ -12,24 +12,11 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Cluster, start_cluster
-from tests.orchestrator.conftest import ModelServer
-
-
-def sse(events: list[tuple[str | None, dict[str, Any]]], done: bool = False) -> str:
-    out = []
-    for name, data in events:
-        out.append((f"event: {name}\n" if name else "") + f"data: {json.dumps(data)}\n\n")
-    return "".join(out) + ("data: [DONE]\n\n" if done else "")
+from tests.orchestrator.conftest import ModelServer, openai_chunk, sse
 
 
 def openai(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict[str, Any]]:
-    chunk = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "model": "gpt-4o-mini",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return None, chunk
+    return None, openai_chunk(delta, finish)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +41,7 @@ def test_openai_job(cluster: Cluster, server: ModelServer, workspace: Path) -> N
     args = json.dumps({"path": "hello.txt", "content": "hi from openai"})
     server.reply_sse(
         sse(
-            [
+            *[
                 openai({"role": "assistant", "content": "Writing it."}),
                 openai(
                     {
@@ -75,7 +62,7 @@ def test_openai_job(cluster: Cluster, server: ModelServer, workspace: Path) -> N
             done=True,
         )
     )
-    server.reply_sse(sse([openai({"content": "Done: hello.txt"}), openai({}, "stop")], done=True))
+    server.reply_sse(sse(openai({"content": "Done: hello.txt"}), openai({}, "stop"), done=True))
     start = len(server.requests)
     job = cluster.client.submit("write hello", model="openai:gpt-test", workspace=str(workspace))
     result = job.wait(timeout=60)
@@ -109,7 +96,7 @@ def test_anthropic_job(cluster: Cluster, server: ModelServer, workspace: Path) -
     }
     server.reply_sse(
         sse(
-            [
+            *[
                 ("message_start", start_msg),
                 (
                     "content_block_start",
@@ -155,7 +142,7 @@ def test_anthropic_job(cluster: Cluster, server: ModelServer, workspace: Path) -
     )
     server.reply_sse(
         sse(
-            [
+            *[
                 ("message_start", start_msg),
                 (
                     "content_block_start",
@@ -206,7 +193,7 @@ def test_a_streamed_call_starts_before_the_stream_ends(
     second = json.dumps({"path": "first.txt"})
     release = server.reply_sse(
         sse(
-            [
+            *[
                 openai({"role": "assistant", "content": "Two calls."}),
                 openai(
                     {
@@ -239,7 +226,7 @@ def test_a_streamed_call_starts_before_the_stream_ends(
         ),
         hold_after="call_second",  # the stream pauses once the first call is complete
     )
-    server.reply_sse(sse([openai({"content": "ok"}), openai({}, "stop")], done=True))
+    server.reply_sse(sse(openai({"content": "ok"}), openai({}, "stop"), done=True))
     job = cluster.client.submit("stream", model="openai", workspace=str(workspace))
     target = workspace / "first.txt"
     deadline = time.monotonic() + 20

@@ -17,7 +17,7 @@ import redis
 
 from broker import keys
 from orchestrator.client import Job
-from tests.integration.conftest import Cluster, start_cluster
+from tests.integration.conftest import Cluster, call, script, start_cluster
 
 HOOK = Path(__file__).resolve().parent.parent / "fixtures" / "hooks" / "deny_forbidden.py"
 
@@ -36,8 +36,8 @@ def cluster() -> Iterator[Cluster]:
 
 
 def calls(*items: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
-    turn = {"tool_calls": [{"id": i, "name": n, "input": a} for i, n, a in items]}
-    return {"turns": [turn, {"text": "done"}]}
+    """A one-turn script of these calls, then an answer."""
+    return script({"tool_calls": [call(i, n, **a) for i, n, a in items]}, {"text": "done"})
 
 
 def reached_worker(cluster: Cluster, job: Job) -> set[str]:

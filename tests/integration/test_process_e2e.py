@@ -7,14 +7,11 @@ import os
 import time
 from pathlib import Path
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, call
 
 
 def test_background_process_lives_with_its_session(cluster: Cluster, workspace: Path) -> None:
     pidfile = workspace / "server.pid"
-
-    def call(i: str, **args: object) -> dict[str, object]:
-        return {"id": i, "name": "process", "input": args}
 
     job = cluster.client.submit(
         "serve",
@@ -26,14 +23,19 @@ def test_background_process_lives_with_its_session(cluster: Cluster, workspace: 
                     "tool_calls": [
                         call(
                             "start",
+                            "process",
                             action="start",
                             command="echo $$ > server.pid; while read l; do echo got:$l; done",
                         )
                     ]
                 },
-                {"tool_calls": [call("write", action="write", id="last", input="ping\n")]},
-                {"tool_calls": [call("sleep", action="list")]},
-                {"tool_calls": [call("read", action="read", id="last")]},
+                {
+                    "tool_calls": [
+                        call("write", "process", action="write", id="last", input="ping\n")
+                    ]
+                },
+                {"tool_calls": [call("sleep", "process", action="list")]},
+                {"tool_calls": [call("read", "process", action="read", id="last")]},
                 {"text": "served"},
             ]
         },

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.messages import ToolCallRecord
-from tests.integration.conftest import Cluster, start_cluster
+from tests.integration.conftest import Cluster, call, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +22,13 @@ def overlap(a: ToolCallRecord, b: ToolCallRecord) -> bool:
 
 
 def test_safe_calls_overlap_unsafe_calls_run_alone(cluster: Cluster, workspace: Path) -> None:
-    def exec_call(i: str, command: str) -> dict[str, object]:
-        return {"id": i, "name": "exec", "input": {"command": command}}
-
     calls = [
-        exec_call("r1", "sleep 0.6; echo r1"),
-        exec_call("r2", "sleep 0.6; echo r2"),
-        exec_call("r3", "sleep 0.6; echo r3"),
-        exec_call("w1", "sleep 0.3; echo w1 > w1.txt"),  # writes: alone
-        exec_call("r4", "sleep 0.3; cat w1.txt"),
-        exec_call("r5", "sleep 0.3; echo r5"),
+        call("r1", "exec", command="sleep 0.6; echo r1"),
+        call("r2", "exec", command="sleep 0.6; echo r2"),
+        call("r3", "exec", command="sleep 0.6; echo r3"),
+        call("w1", "exec", command="sleep 0.3; echo w1 > w1.txt"),  # writes: alone
+        call("r4", "exec", command="sleep 0.3; cat w1.txt"),
+        call("r5", "exec", command="sleep 0.3; echo r5"),
     ]
     job = cluster.client.submit(
         "schedule",

@@ -24,6 +24,26 @@ def fixture_text(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
+def sse(*events: tuple[str | None, Any], done: bool = False) -> str:
+    """An SSE body: (event name or None, data as JSON-able or a raw string); OpenAI ends
+    its streams with `data: [DONE]`."""
+    out = []
+    for name, data in events:
+        line = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+        out.append((f"event: {name}\n" if name else "") + f"data: {line}\n\n")
+    return "".join(out) + ("data: [DONE]\n\n" if done else "")
+
+
+def openai_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "created": 1737047321,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
 @dataclass
 class Recorded:
     method: str

@@ -17,7 +17,7 @@ from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.providers import http as provider_http
 from orchestrator.providers.anthropic import API_VERSION
 from orchestrator.providers.scripted import ScriptedProvider
-from tests.orchestrator.conftest import ModelServer
+from tests.orchestrator.conftest import ModelServer, openai_chunk, sse
 from workers.registry import default_registry
 
 SYSTEM = "You are clawq, a coding agent."
@@ -85,25 +85,6 @@ def complete(
             return reply
 
     return asyncio.run(go())
-
-
-def sse(*events: tuple[str | None, Any]) -> str:
-    """An SSE body: (event name or None, data as JSON-able or a raw string)."""
-    out = []
-    for name, data in events:
-        line = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-        out.append((f"event: {name}\n" if name else "") + f"data: {line}\n\n")
-    return "".join(out)
-
-
-def openai_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-test",
-        "object": "chat.completion.chunk",
-        "created": 1737047321,
-        "model": "gpt-4o-mini-2024-07-18",
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
 
 
 def tool_delta(
