@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -51,6 +52,10 @@ class EngineUnavailable(Exception):
     pass
 
 
+_SERVICE: subprocess.Popen[bytes] | None = None  # the podman service this module started; it
+# outlives the tests (later runs reuse it), so it is held here rather than collected as running
+
+
 def docker_url() -> str:
     """A reachable Docker API URL, starting podman's service if needed."""
     if os.environ.get("DOCKER_HOST"):
@@ -61,7 +66,8 @@ def docker_url() -> str:
     if not shutil.which("podman"):
         raise EngineUnavailable("no DOCKER_HOST and no podman (see .ci/run for the setup)")
     Path(SOCKET).parent.mkdir(parents=True, exist_ok=True)
-    subprocess.Popen(
+    global _SERVICE
+    _SERVICE = subprocess.Popen(
         ["podman", "system", "service", "--time=0", url],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -75,15 +81,27 @@ def docker_url() -> str:
 
 
 def _reachable(url: str) -> bool:
+    """The engine answers a ping. A unix socket is first probed by hand: docker-py leaves
+    a socket unclosed when the engine is not listening yet."""
     import docker
 
+    if url.startswith("unix://"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(url.removeprefix("unix://"))
+            except OSError:
+                return False
     try:
         client = docker.DockerClient(base_url=url, timeout=5)
+    except Exception:  # the constructor asks the engine for its API version
+        return False
+    try:
         client.ping()
-        client.close()
         return True
     except Exception:
         return False
+    finally:
+        client.close()
 
 
 def ensure_image(url: str) -> str:
