@@ -3,8 +3,9 @@ Redis and decided in one atomic step (a Lua script), whichever orchestrator asks
 
 Running children hold a lease (a sorted set scored by expiry) that the orchestrator running
 them renews; a child whose process died stops renewing and its slot is freed by the next
-admission, so a crash never leaks a slot. A parent's children count until they are
-archived, as the seed says (finished ones included).
+admission, so a crash never leaks a slot. A queued child holds a longer lease until an
+orchestrator takes it (`RECLAIM`); a resumed child takes a slot again only if one is free.
+A parent's children count until they are archived, as the seed says (finished ones too).
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ if children >= tonumber(ARGV[6]) then return {0, 'children', children, tonumber(
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[8]), ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
 return {1, 'admitted', running + 1, children + 1}
+"""
+
+
+RECLAIM = """
+local now = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1])
+return 1
 """
 
 
@@ -65,7 +77,8 @@ class SubagentSlots:
         self._admit = client.register_script(ADMIT)
 
     def admit(self, child: str, parent: str, depth: int, now: float | None = None) -> Admission:
-        """One round trip: admit `child` (at `depth`) under `parent`, or say which limit."""
+        """One round trip: admit `child` (at `depth`) under the session `parent`, or say
+        which limit refuses it."""
         at = int((now if now is not None else time.time()) * 1000)
         lim = self.limits
         ok, limit, current, maximum = self._admit(

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
 from celery import Celery
 
+from broker import keys
+from broker.announce import AnnounceItem, AnnounceQueue
+from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, ANNOUNCE_TASK, Group
 from broker.settings import Settings
+
+ANNOUNCE_RESULT_CHARS = 16_000  # of a child's final text, in its parent's conversation
 
 
 def create_app(settings: Settings) -> Celery:
@@ -39,4 +47,45 @@ def create_app(settings: Settings) -> Celery:
         task_default_queue="default",
         enable_utc=True,
     )
+    declare_agent_tasks(app, settings)
     return app
+
+
+def declare_agent_tasks(app: Celery, settings: Settings) -> None:
+    """The two steps of a subagent's task graph, known to every process so that a chain of
+    them can be built anywhere: the agent run (executed by orchestrators, which consume the
+    `agents` queue themselves) and the announce step (any `sessions` worker)."""
+
+    def agent_run(job_id: str, **readable: Any) -> None:
+        raise RuntimeError("agent runs are executed by `clawq orchestrator`, not by workers")
+
+    app.conf.task_routes = {
+        AGENT_RUN_TASK: {"queue": AGENTS_QUEUE},
+        ANNOUNCE_TASK: {"queue": Group.sessions.value},
+    }
+    app.task(agent_run, name=AGENT_RUN_TASK, shared=False, ignore_result=True)
+
+    clients: list[redis.Redis] = []
+
+    def announce(result: dict[str, Any], parent_session: str, child: str, label: str) -> None:
+        """Queue a finished child's result for its parent (once, however often it runs).
+        A cancelled child is not announced: whoever cancelled it knows."""
+        if result.get("status") == "cancelled":
+            return
+        if not clients:
+            clients.append(redis.Redis.from_url(settings.redis_url))
+        client = clients[0]
+        if not client.set(keys.announced(child), 1, nx=True, ex=settings.events_ttl_s):
+            return
+        text = result.get("final_text") or result.get("error") or "(no result)"
+        item = AnnounceItem(
+            child=child,
+            parent_job=result.get("parent_id", ""),
+            label=label,
+            status=result.get("status", ""),
+            result=text[:ANNOUNCE_RESULT_CHARS],
+        )
+        queue = AnnounceQueue(client, settings.announce_debounce_s, settings.announce_drain_at)
+        queue.push(parent_session, item)
+
+    app.task(announce, name=ANNOUNCE_TASK, shared=False, acks_late=True, ignore_result=True)

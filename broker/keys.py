@@ -75,14 +75,29 @@ def steer(job_id: str) -> str:
 SUBAGENTS_RUNNING = f"{PREFIX}:subagents:running"  # child job → lease expiry (ms)
 
 
-def subagent_children(parent_job: str) -> str:
+def subagent_children(parent_session: str) -> str:
     """A parent's children, counted until archived."""
-    return f"{PREFIX}:subagents:children:{parent_job}"
+    return f"{PREFIX}:subagents:children:{parent_session}"
 
 
-ANNOUNCE_DUE = f"{PREFIX}:announce-due"  # parent job → when its batch is due
+ANNOUNCE_DUE = f"{PREFIX}:announce-due"  # parent session → when its batch is due
 
 
-def announce(parent_job: str) -> str:
+def announce(parent_session: str) -> str:
     """Children's results waiting for their parent, in arrival order."""
-    return f"{PREFIX}:announce:{parent_job}"
+    return f"{PREFIX}:announce:{parent_session}"
+
+
+def announced(child_job: str) -> str:
+    """Set once a child's result is queued: a repeated announce step adds nothing."""
+    return f"{PREFIX}:announced:{child_job}"
+
+
+def session_active(session_id: str) -> str:
+    """The job now running in a session; absent when none is (a message then starts one)."""
+    return f"{PREFIX}:active:{session_id}"
+
+
+def inbox(job_id: str) -> str:
+    """Announcements and messages for a running job, taken as input at its next turn."""
+    return f"{PREFIX}:inbox:{job_id}"

@@ -28,6 +28,7 @@ class Group(StrEnum):
 
 AGENTS_QUEUE = "agents"
 AGENT_RUN_TASK = "clawq.agent_run"
+ANNOUNCE_TASK = "clawq.announce"
 
 
 class CallContext(BaseModel):
@@ -105,6 +106,26 @@ class JobSpec(BaseModel):
     user_id: str = ""
     max_iterations: int = 20
     system: str = ""
+    # a subagent: the job that spawned it, the root of its tree, the parent's session
+    parent_id: str = ""
+    root_id: str = ""
+    parent_session: str = ""
+    depth: int = 0
+    label: str = ""
+
+
+class Subagent(BaseModel):
+    """One node of a job's subagent tree (`Job.subagents()`)."""
+
+    id: str
+    label: str
+    depth: int
+    status: JobStatus
+    archived: bool = False
+    parent_id: str
+    final_text: str = ""
+    error: str = ""
+    children: list[Subagent] = Field(default_factory=list)
 
 
 class ToolCallRecord(BaseModel):
@@ -142,6 +163,9 @@ EventType = Literal[
     "approval_requested",
     "approval_resolved",
     "steered",
+    "subagent_spawned",
+    "subagent_finished",
+    "announce_delivered",
     "job_finished",
 ]
 

@@ -72,7 +72,23 @@ class Settings(BaseSettings):
         default_factory=list, description="command patterns, each judged per sub-command"
     )
     rate_limit_per_hour: int = Field(150, ge=0, description="tool calls per session; 0: off")
+
+    # subagents (goclaw §6)
     max_spawn_depth: int = Field(1, ge=0, description="subagent nesting depth")
+    max_concurrent_subagents: int = Field(8, ge=1, description="running across the cluster")
+    max_children_per_agent: int = Field(5, ge=1, description="finished ones count until archived")
+    subagent_max_iterations: int = Field(20, ge=1, description="model turns per subagent")
+    subagent_archive_after_s: float = Field(3600.0, gt=0, description="finished → archived")
+    subagent_lease_s: float = Field(10.0, gt=0, description="a silent child's slot is freed")
+    subagent_queue_lease_s: float = Field(120.0, gt=0, description="slot of a queued child")
+    subagent_run_timeout_s: float = Field(900.0, gt=0, description="a sync spawn waits this long")
+    subagent_steer_settle_s: float = Field(0.5, ge=0, description="between cancel and respawn")
+    subagent_steer_max_bytes: int = Field(4000, ge=1, description="steer message cut")
+    announce_debounce_s: float = Field(1.0, ge=0, description="reset by each new arrival")
+    announce_drain_at: int = Field(20, ge=1, description="a batch this big is due at once")
+    agent_task_events: bool = Field(
+        True, description="Celery events for agent runs (Flower): a few per job, not per call"
+    )
 
     # the Docker sandbox for exec (off: commands run on the worker's host)
     sandbox_enabled: bool = False

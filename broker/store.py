@@ -22,9 +22,26 @@ MIGRATION_LOCK = 7_415_922_001
 INSERT_SESSION = (
     "INSERT INTO sessions (id, agent_id, user_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 )
-INSERT_JOB = "INSERT INTO jobs (id, session_id, status, spec) VALUES (%s, %s, 'queued', %s)"
+INSERT_JOB = (
+    "INSERT INTO jobs (id, session_id, status, spec, parent_id, root_id, parent_session)"
+    " VALUES (%s, %s, 'queued', %s, nullif(%s, ''), nullif(%s, ''), nullif(%s, ''))"
+    " ON CONFLICT (id) DO NOTHING"
+)
 SELECT_JOB = (
-    "SELECT id, session_id, status, spec, final_text, error, iterations FROM jobs WHERE id = %s"
+    "SELECT id, session_id, status, spec, final_text, error, iterations, chain FROM jobs"
+    " WHERE id = %s"
+)
+SELECT_CHILDREN = (
+    "SELECT id, spec->>'label' AS label, (spec->>'depth')::int AS depth, status, parent_id,"
+    " final_text, error, archived_at IS NOT NULL AS archived, created_at FROM jobs"
+    " WHERE parent_session = %s AND id = session_id ORDER BY created_at"
+)
+SELECT_DESCENDANTS = (
+    "WITH RECURSIVE tree AS ("
+    " SELECT * FROM jobs WHERE parent_id = %s"
+    " UNION ALL SELECT j.* FROM jobs j JOIN tree t ON j.parent_id = t.id)"
+    " SELECT id, spec->>'label' AS label, (spec->>'depth')::int AS depth, status, parent_id,"
+    " final_text, error, archived_at IS NOT NULL AS archived FROM tree ORDER BY created_at"
 )
 START_JOB = (
     "UPDATE jobs SET status = 'running', orchestrator = %s,"
@@ -101,6 +118,17 @@ def migrate(conn: psycopg.Connection[Any]) -> None:
                 conn.execute("INSERT INTO clawq_migrations (version) VALUES (%s)", (version,))
 
 
+def _job_params(job_id: str, session_id: str, spec: JobSpec) -> tuple[Any, ...]:
+    return (
+        job_id,
+        session_id,
+        Jsonb(spec.model_dump()),
+        spec.parent_id,
+        spec.root_id,
+        spec.parent_session,
+    )
+
+
 def _outcome_params(outcome: CallOutcome) -> tuple[Any, ...]:
     return (
         outcome.is_error,
@@ -136,7 +164,27 @@ class Store:
     def create_job(self, job_id: str, session_id: str, spec: JobSpec, user_id: str = "") -> None:
         with self.conn.transaction():
             self.conn.execute(INSERT_SESSION, (session_id, spec.agent_id, user_id))
-            self.conn.execute(INSERT_JOB, (job_id, session_id, Jsonb(spec.model_dump())))
+            self.conn.execute(INSERT_JOB, _job_params(job_id, session_id, spec))
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        return self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
+
+    def children(self, parent_session: str) -> list[dict[str, Any]]:
+        """The subagents spawned in a session, oldest first."""
+        return self.conn.execute(SELECT_CHILDREN, (parent_session,)).fetchall()
+
+    def descendants(self, job_id: str) -> list[dict[str, Any]]:
+        """Every job spawned under `job_id`, at any depth, oldest first."""
+        return self.conn.execute(SELECT_DESCENDANTS, (job_id,)).fetchall()
+
+    def session_owner(self, session_id: str) -> str | None:
+        """The user a session belongs to; None when there is no such session."""
+        row = self.conn.execute("SELECT user_id FROM sessions WHERE id = %s", (session_id,))
+        found = row.fetchone()
+        return found["user_id"] if found else None
+
+    def archive(self, job_id: str) -> None:
+        self.conn.execute("UPDATE jobs SET archived_at = now() WHERE id = %s", (job_id,))
 
     def job_status(self, job_id: str) -> str | None:
         row = self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
@@ -230,16 +278,61 @@ class AsyncStore:
             await cur.execute(SELECT_JOB, (job_id,))
             return await cur.fetchone()
 
+    async def create_job(self, job_id: str, session_id: str, spec: JobSpec) -> None:
+        """A job in an existing session (idempotent: the same id is created once)."""
+        async with self.pool.connection() as conn:
+            await conn.execute(INSERT_JOB, _job_params(job_id, session_id, spec))
+
+    async def latest_job(self, session_id: str) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT id, spec, status FROM jobs WHERE session_id = %s"
+                " ORDER BY created_at DESC LIMIT 1",
+                (session_id,),
+            )
+            return await cur.fetchone()
+
+    async def save_chain(self, job_id: str, chain: list[Any]) -> None:
+        """The rest of the job's task graph, kept from its first delivery."""
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE jobs SET chain = %s WHERE id = %s AND chain IS NULL", (Jsonb(chain), job_id)
+            )
+
+    async def unfinished_children(self, job_id: str) -> list[str]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id FROM jobs WHERE parent_id = %s AND status IN ('queued', 'running')",
+                (job_id,),
+            )
+            return [row[0] for row in await cur.fetchall()]
+
+    async def archive_finished_children(self, older_than_s: float) -> list[tuple[str, str]]:
+        """Mark children finished longer ago than that archived: (child, parent session)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE jobs SET archived_at = now() WHERE parent_session IS NOT NULL"
+                " AND id = session_id AND archived_at IS NULL AND finished_at IS NOT NULL"
+                " AND finished_at < now() - make_interval(secs => %s)"
+                " RETURNING id, parent_session",
+                (older_than_s,),
+            )
+            return [(row[0], row[1]) for row in await cur.fetchall()]
+
     async def start_job(self, job_id: str, orchestrator_id: str) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(START_JOB, (orchestrator_id, job_id))
             return (await cur.fetchone()) is not None
 
     async def orphan_candidates(self) -> list[str]:
-        """Running jobs; those without a live lease are resumed by whoever sees them."""
+        """Running jobs, and taken subagents still waiting for a slot (their message is
+        consumed: `chain` is set); those without a live lease are resumed by whoever sees
+        them."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT id FROM jobs WHERE status = 'running' ORDER BY started_at LIMIT 1000"
+                "SELECT id FROM jobs WHERE status = 'running'"
+                " OR (status = 'queued' AND chain IS NOT NULL) ORDER BY created_at LIMIT 1000"
             )
             return [row[0] for row in await cur.fetchall()]
 

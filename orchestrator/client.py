@@ -23,7 +23,16 @@ import redis
 
 from broker import events, keys
 from broker.celery_app import create_app
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobResult, JobSpec
+from broker.control import cancel_jobs
+from broker.messages import (
+    AGENT_RUN_TASK,
+    AGENTS_QUEUE,
+    FINAL_STATUSES,
+    Event,
+    JobResult,
+    JobSpec,
+    Subagent,
+)
 from broker.policy_config import PermissionMode, PermissionRules
 from broker.settings import Settings
 from broker.store import Store
@@ -120,12 +129,21 @@ class Job:
         pipe.publish(keys.CONTROL_CHANNEL, json.dumps({"steer": self.id}))
         pipe.execute()
 
+    def subagents(self) -> list[Subagent]:
+        """The subagents this job spawned, each with its own children, oldest first."""
+        rows = self.client.store.descendants(self.id)
+        nodes = {r["id"]: Subagent.model_validate(dict(r)) for r in rows}
+        top: list[Subagent] = []
+        for row in rows:
+            parent = nodes.get(row["parent_id"])
+            (parent.children if parent else top).append(nodes[row["id"]])
+        return top
+
     def cancel(self) -> None:
         """Ask for the job to stop: no further turns; the job ends `cancelled`."""
-        self.client.redis.set(
-            keys.cancel(self.id), "the job was cancelled", ex=self.client.settings.events_ttl_s
+        cancel_jobs(
+            self.client.redis, [self.id], "the job was cancelled", self.client.settings.events_ttl_s
         )
-        self.client.redis.publish(keys.CONTROL_CHANNEL, json.dumps({"cancel": self.id}))
 
 
 class Client:

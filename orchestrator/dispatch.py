@@ -85,6 +85,7 @@ class Dispatcher:
             soft_time_limit=env.timeout_s + self.settings.tool_grace_s,
             time_limit=env.timeout_s + 2 * self.settings.tool_grace_s,
             root_id=env.job_id,
+            parent_id=env.job_id,
             kwargsrepr=repr({"tool": env.tool, "call_id": env.call_id, "job": env.job_id}),
         )
 

@@ -18,19 +18,24 @@ import os
 import signal
 import socket
 import threading
+import time
+import uuid
 from typing import Any
 
 import httpx
 import kombu.exceptions
+import redis
 import redis.asyncio as aioredis
 from celery import Celery
 from kombu.entity import Queue
 from kombu.message import Message
 
-from broker import keys
+from broker import events, keys
+from broker.admission import RECLAIM
+from broker.announce import AnnounceItem, AnnounceQueue, batch_message
 from broker.celery_app import create_app
 from broker.connections import async_redis, retry_pause
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, JobSpec
+from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
 from broker.presence import process_id
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
@@ -40,11 +45,13 @@ from orchestrator.dispatch import Dispatcher
 from orchestrator.hooks import Hooks
 from orchestrator.loop import JobRun, Services
 from orchestrator.policy import PolicyEngine
+from orchestrator.task_events import AgentTaskEvents
 from workers.registry import Registry, default_registry
 
 log = logging.getLogger("clawq.orchestrator")
 
 RECOVERY_INTERVAL_S = 5.0
+ANNOUNCE_POLL_S = 0.2
 
 
 class Orchestrator:
@@ -60,6 +67,7 @@ class Orchestrator:
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self.cancelling: set[str] = set()
         self.steering: set[str] = set()
+        self.children: set[str] = set()  # the subagents among self.jobs (they hold slots)
         self.slots = asyncio.Semaphore(settings.max_jobs_per_orchestrator)
         self._stop_consuming = threading.Event()
         self._lease_ms = int(settings.heartbeat_ttl_s * 1000)
@@ -88,6 +96,15 @@ class Orchestrator:
             self.hooks,
             self.approvals,
             RateLimiter(self.redis, self.settings.rate_limit_per_hour),
+            self.app,
+            AgentTaskEvents(self.app, self.settings.agent_task_events),
+        )
+        self.sync_redis = redis.Redis.from_url(self.settings.redis_url)
+        self.announcements = AnnounceQueue(
+            self.sync_redis,
+            self.settings.announce_debounce_s,
+            self.settings.announce_drain_at,
+            inbox_ttl_s=self.settings.events_ttl_s,
         )
         background = [
             asyncio.create_task(self.dispatcher.listen(listen_redis)),
@@ -95,6 +112,8 @@ class Orchestrator:
             asyncio.create_task(self.heartbeat()),
             asyncio.create_task(self.control()),
             asyncio.create_task(self.recover()),
+            asyncio.create_task(self.deliver_announcements()),
+            asyncio.create_task(self.archive_children()),
         ]
         consumer = threading.Thread(target=self.consume, args=(loop,), daemon=True)
         consumer.start()
@@ -117,6 +136,8 @@ class Orchestrator:
             await self.store.close()
             await self.redis.aclose()
             await listen_redis.aclose()
+            self.sync_redis.close()
+            self.services.task_events.close()
 
     # -- the agents queue ---------------------------------------------------------------
 
@@ -126,12 +147,14 @@ class Orchestrator:
 
         def on_message(body: Any, message: Message) -> None:
             kwargs = body[1] if isinstance(body, list) and len(body) > 1 else {}
+            embed = body[2] if isinstance(body, list) and len(body) > 2 else {}
             job_id = kwargs.get("job_id")
             if message.headers.get("task") != AGENT_RUN_TASK or not job_id:
                 log.error("dropping a message that is not an agent run: %r", message.headers)
                 message.ack()
                 return
-            future = asyncio.run_coroutine_threadsafe(self.accept(job_id), loop)
+            chain = (embed or {}).get("chain") or []
+            future = asyncio.run_coroutine_threadsafe(self.accept(job_id, chain), loop)
             try:
                 future.result()
             except Exception:
@@ -155,15 +178,25 @@ class Orchestrator:
                 log.warning("agents queue connection lost (%s); reconnecting", exc)
                 self._stop_consuming.wait(1.0)
 
-    async def accept(self, job_id: str) -> None:
-        """Claim the job's lease and start (or resume) it; a job leased elsewhere is left."""
+    async def accept(self, job_id: str, chain: list[Any] | None = None) -> None:
+        """Claim the job's lease and start (or resume) it; a job leased elsewhere is left.
+
+        `chain` (from the queue message) is the rest of its task graph; it is stored first,
+        so the message can be acknowledged and a resumed run still continues the graph.
+        A subagent also needs its running slot; with none free it waits (`recover`)."""
         if job_id in self.jobs:
             return
+        if chain is not None:
+            await self.store.save_chain(job_id, chain)
         row = await self.store.job(job_id)
         if row is None:
             log.error("agent run for unknown job %s dropped", job_id)
             return
         if row["status"] in FINAL_STATUSES:
+            return
+        spec = JobSpec.model_validate(row["spec"])
+        if spec.depth > 0 and not await self._reclaim_slot(job_id):
+            log.info("subagent %s waits for a free slot", job_id)
             return
         await self.slots.acquire()  # before the lease: a waiting job's lease would lapse
         claimed = await self.redis.set(keys.lease(job_id), self.id, nx=True, px=self._lease_ms)
@@ -172,9 +205,20 @@ class Orchestrator:
                 await self.redis.delete(keys.lease(job_id))
             self.slots.release()
             return
-        spec = JobSpec.model_validate(row["spec"])
         run = JobRun(self.services, job_id, row["session_id"], spec)
+        run.chain = row["chain"] or []
+        if spec.depth > 0:
+            self.children.add(job_id)
         self.jobs[job_id] = asyncio.create_task(self._drive(run), name=f"job-{job_id}")
+
+    async def _reclaim_slot(self, job_id: str) -> bool:
+        """Keep the slot admission gave this subagent (or take a free one if it lapsed)."""
+        now = int(time.time() * 1000)
+        lease = int(self.settings.subagent_lease_s * 1000)
+        limit = self.settings.max_concurrent_subagents
+        return bool(
+            await self.redis.eval(RECLAIM, 1, keys.SUBAGENTS_RUNNING, job_id, now, limit, lease)
+        )
 
     async def _drive(self, run: JobRun) -> None:
         try:
@@ -200,6 +244,7 @@ class Orchestrator:
             await run.finish("failed", "", f"orchestrator error: {type(exc).__name__}: {exc}")
         finally:
             self.jobs.pop(run.job_id, None)
+            self.children.discard(run.job_id)
             self.cancelling.discard(run.job_id)
             self.slots.release()
             await self.redis.delete(keys.lease(run.job_id))
@@ -218,11 +263,15 @@ class Orchestrator:
             }
         )
         while True:
+            expiry = int((time.time() + self.settings.subagent_lease_s) * 1000)
             try:
+                children = {j: expiry for j in self.children}
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.set(keys.proc(self.id), info, px=self._lease_ms)
                     for job_id in self.jobs:
                         pipe.pexpire(keys.lease(job_id), self._lease_ms)
+                    if children:  # the running slots of the subagents run here
+                        pipe.zadd(keys.SUBAGENTS_RUNNING, children, xx=True)
                     await pipe.execute()
             except aioredis.RedisError as exc:
                 await retry_pause(exc, "heartbeat", 0)
@@ -251,6 +300,65 @@ class Orchestrator:
         if (job_id := command.get("steer")) in self.jobs and job_id not in self.cancelling:
             self.steering.add(job_id)
             self.jobs[job_id].cancel()
+
+    async def deliver_announcements(self) -> None:
+        """Hand every due batch of announcements to its session: into the running job's
+        inbox, or as a new job of the session when none runs."""
+        while True:
+            try:
+                batches = await asyncio.to_thread(self.announcements.claim_due)
+                for session, items in batches.items():
+                    await self.deliver(session, items)
+            except Exception:
+                log.exception("announce delivery failed; the batch is due again shortly")
+            await asyncio.sleep(ANNOUNCE_POLL_S)
+
+    async def deliver(self, session: str, items: list[AnnounceItem]) -> None:
+        text = batch_message(items)
+        queue = self.announcements
+        job_id = await asyncio.to_thread(queue.deliver, session, len(items), text)
+        if job_id is None:
+            latest = await self.store.latest_job(session)
+            if latest is None or latest["status"] == "cancelled":
+                log.info("announcements for %s dropped: its session is gone or cancelled", session)
+                await asyncio.to_thread(queue.ack, session, len(items))
+                return
+            spec = JobSpec.model_validate(latest["spec"])
+            script = (spec.script or {}).get("on_announce") if spec.model == "scripted" else None
+            spec = spec.model_copy(update={"prompt": text, "script": script})
+            # the same batch always makes the same job: a retried delivery adds nothing
+            job_id = uuid.uuid5(uuid.NAMESPACE_URL, session + items[0].model_dump_json()).hex
+            await self.store.create_job(job_id, session, spec)
+            await asyncio.to_thread(
+                self.app.send_task,
+                AGENT_RUN_TASK,
+                kwargs={"job_id": job_id},
+                queue=AGENTS_QUEUE,
+                task_id=job_id,
+                parent_id=latest["id"],
+            )
+            await asyncio.to_thread(queue.ack, session, len(items))
+        children = [i.child for i in items if i.kind == "subagent"]
+        data = {"to_job": job_id, "count": len(items), "children": children}
+        ttl = self.settings.events_ttl_s
+        for target in {job_id, *(i.parent_job for i in items if i.parent_job)}:
+            await events.emit(
+                self.redis, Event(type="announce_delivered", job_id=target, data=data), ttl
+            )
+
+    async def archive_children(self) -> None:
+        """Finished subagents stop counting against their parent after the archive delay."""
+        interval = min(60.0, self.settings.subagent_archive_after_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                archived = await self.store.archive_finished_children(
+                    self.settings.subagent_archive_after_s
+                )
+                for child, parent_session in archived:
+                    await self.redis.srem(keys.subagent_children(parent_session), child)
+            except Exception:
+                log.exception("archiving subagents failed")
 
     async def recover(self) -> None:
         """Resume running jobs whose orchestrator stopped holding their lease."""

@@ -15,8 +15,11 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+from celery import Celery, signature
 
 from broker import events, keys
+from broker.announce import CLOSE
+from broker.control import cancel_jobs_async
 from broker.messages import (
     CallContext,
     CallEnvelope,
@@ -38,10 +41,15 @@ from orchestrator.permissions import exec_approvals, hidden_paths, job_rules
 from orchestrator.policy import PolicyEngine, PolicyError
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.rules import RuleError
+from orchestrator.task_events import AgentTaskEvents
 from orchestrator.turn import TurnCalls
 from workers.registry import Registry
 
 log = logging.getLogger("clawq.loop")
+RELEASE_SESSION = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
 EVENT_OUTPUT_CHARS = 2000
 
 
@@ -59,6 +67,8 @@ class Services:
     hooks: Hooks
     approvals: Approvals
     limiter: RateLimiter
+    app: Celery
+    task_events: AgentTaskEvents
 
 
 class JobCancelled(Exception):
@@ -74,6 +84,7 @@ class JobRun:
         self.messages: list[Message] = []
         self.current: TurnCalls | None = None  # the calls of the turn in flight
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
+        self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
 
     def prepare(self) -> None:
         """What this job may see and do; a bad rule or policy fails the job clearly."""
@@ -81,7 +92,7 @@ class JobRun:
         visible = s.policy.visible(
             spec.agent_id,
             spec.model.partition(":")[0],
-            depth=0,
+            depth=spec.depth,
             max_depth=s.settings.max_spawn_depth,
         )
         job = PermissionRules(allow=spec.allow, ask=spec.ask, deny=spec.deny)
@@ -119,6 +130,11 @@ class JobRun:
             Message.from_row(r["role"], r["content"], r.get("job_id", "")) for r in rows
         ]
         resumed = any(m.job_id == self.job_id for m in self.messages)
+        async with self.s.redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.session_active(self.session_id), self.job_id)  # where messages go
+            pipe.delete(keys.session_ended(self.session_id))  # a later job of the session
+            await pipe.execute()
+        await self.s.task_events.started(self.job_id, self.spec)
         await self.emit("job_started", resumed=resumed)
         if not resumed:
             await self.append(Message(role="user", text=self.spec.prompt, job_id=self.job_id))
@@ -161,20 +177,36 @@ class JobRun:
             if reply.tool_calls:
                 await self.current.finish(reply.tool_calls)
             self.current = None
-            if not reply.tool_calls:
+            if not reply.tool_calls and await self.close():
                 return "completed", reply.text, ""
 
+    async def close(self) -> bool:
+        """Whether the job may end now: nothing waits in its inbox or steer list (else the
+        next turn takes it), and then new messages for the session start a new job."""
+        closed = await self.s.redis.eval(
+            CLOSE,
+            3,
+            keys.inbox(self.job_id),
+            keys.steer(self.job_id),
+            keys.session_active(self.session_id),
+            self.job_id,
+        )
+        return bool(closed)
+
     async def take_steering(self) -> None:
-        """Messages the user sent to redirect the job become its next user input."""
-        key = keys.steer(self.job_id)
+        """Messages the user sent to redirect the job, and announcements delivered to it,
+        become its next user input."""
+        steer, inbox = keys.steer(self.job_id), keys.inbox(self.job_id)
         async with self.s.redis.pipeline(transaction=True) as pipe:
-            pipe.lrange(key, 0, -1)
-            pipe.delete(key)
-            raw, _ = await pipe.execute()
-        if raw:
-            text = "\n\n".join(m.decode() if isinstance(m, bytes) else m for m in raw)
-            await self.append(Message(role="user", text=text, job_id=self.job_id))
-            await self.emit("steered", text=text[:2000])
+            pipe.lrange(steer, 0, -1)
+            pipe.lrange(inbox, 0, -1)
+            pipe.delete(steer, inbox)
+            steered, delivered, _ = await pipe.execute()
+        texts = [m.decode() if isinstance(m, bytes) else m for m in [*delivered, *steered]]
+        if texts:
+            await self.append(Message(role="user", text="\n\n".join(texts), job_id=self.job_id))
+        if steered:
+            await self.emit("steered", text="\n\n".join(texts[len(delivered) :])[:2000])
 
     async def check_cancelled(self) -> None:
         if await self.s.redis.exists(keys.cancel(self.job_id)):
@@ -325,11 +357,46 @@ class JobRun:
         )
 
     async def finish(self, status: str, text: str, error: str) -> None:
+        """Record the end, continue the task graph, free what the job held.
+
+        The next step of the graph is sent before the status is final: a crash in between
+        resumes the job and sends it again, and the announce step counts a child once."""
+        spec, redis, ttl = self.spec, self.s.redis, self.s.settings.events_ttl_s
+        if self.chain:
+            result = {"job_id": self.job_id, "status": status, "final_text": text, "error": error}
+            await asyncio.to_thread(self._continue_chain, result | {"parent_id": spec.parent_id})
         await self.s.store.finish_job(self.job_id, status, text, error, self.turns)
-        await self.s.redis.set(  # its background processes end with it
-            keys.session_ended(self.session_id), status, ex=self.s.settings.events_ttl_s
-        )
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.session_ended(self.session_id), status, ex=ttl)  # its processes end
+            if spec.depth > 0:
+                pipe.zrem(keys.SUBAGENTS_RUNNING, self.job_id)
+            await pipe.execute()
+        await redis.eval(RELEASE_SESSION, 1, keys.session_active(self.session_id), self.job_id)
+        if status == "cancelled":  # its children go with it
+            children = await self.s.store.unfinished_children(self.job_id)
+            if children:
+                await cancel_jobs_async(redis, children, "its parent was cancelled", ttl)
         await self.emit(
             "job_finished", status=status, final_text=text, error=error, iterations=self.turns
         )
+        if spec.parent_id:
+            parent_event = Event(
+                type="subagent_finished",
+                job_id=spec.parent_id,
+                data={"child": self.job_id, "label": spec.label, "status": status},
+            )
+            await events.emit(redis, parent_event, ttl)
+        await self.s.task_events.finished(self.job_id, status, text, error)
         log.info("job %s %s after %d turns", self.job_id, status, self.turns)
+
+    def _continue_chain(self, result: dict[str, Any]) -> None:
+        """What a Celery worker does after a task of a chain: send the next signature with
+        this result, this task as its parent and the same root."""
+        rest = list(self.chain)
+        following = signature(rest.pop(), app=self.s.app)
+        following.apply_async(
+            (result,),
+            chain=rest or None,
+            parent_id=self.job_id,
+            root_id=self.spec.root_id or self.job_id,
+        )

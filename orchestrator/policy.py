@@ -26,6 +26,7 @@ GROUP_MEMBERS: dict[str, tuple[str, ...]] = {
         "sessions_history",
         "sessions_send",
         "sessions_spawn",
+        "spawn",
         "subagents",
         "session_status",
     ),

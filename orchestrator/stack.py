@@ -22,12 +22,14 @@ class Stack:
         env: dict[str, str] | None = None,
         concurrency: int | None = None,
         log_level: str = "warning",
+        orchestrators: int = 1,
     ) -> None:
         self.groups = list(groups)
         self.workers_per_group = workers_per_group
         self.env = {**os.environ, **(env or {})}
         self.concurrency = concurrency
         self.log_level = log_level
+        self.orchestrators = orchestrators
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def _spawn(self, *args: str) -> None:
@@ -35,7 +37,8 @@ class Stack:
         self.procs.append(subprocess.Popen(cmd, env=self.env))
 
     def start(self) -> None:
-        self._spawn("orchestrator")
+        for _ in range(self.orchestrators):
+            self._spawn("orchestrator")
         for group in self.groups:
             for _ in range(self.workers_per_group):
                 extra = ["--concurrency", str(self.concurrency)] if self.concurrency else []
@@ -53,7 +56,7 @@ class Stack:
                 live = live_processes(client)
                 orchestrators = [p for p in live if p.get("kind") == "orchestrator"]
                 queues = {p.get("queue") for p in live if p.get("kind") == "worker"}
-                if orchestrators and set(self.groups) <= queues:
+                if len(orchestrators) >= self.orchestrators and set(self.groups) <= queues:
                     return
                 time.sleep(0.2)
         finally:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from celery import Celery
 
 from broker import keys
+from broker.celery_app import create_app
 from broker.ledger import Ledger
 from broker.messages import CallEnvelope, CallOutcome
 from broker.presence import Heartbeat, process_id
@@ -46,6 +48,7 @@ class WorkerRuntime:
     scrub: Scrubber
     sandbox: Sandbox | None = None
     _store: Store | None = None
+    _celery: Celery | None = None
 
     @classmethod
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
@@ -167,6 +170,8 @@ class WorkerRuntime:
             session_id=envelope.session_id,
             sandbox=self.sandbox,
             store=self.store,
+            redis=self.redis,
+            celery=self.celery,
             cancelled=cancelled,
         )
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)
@@ -176,6 +181,12 @@ class WorkerRuntime:
         if self._store is None:
             self._store = Store(self.settings.database_url)
         return self._store
+
+    def celery(self) -> Celery:
+        """A Celery app for sending task graphs (subagents), made on first use."""
+        if self._celery is None:
+            self._celery = create_app(self.settings)
+        return self._celery
 
     def cancel_check(self, envelope: CallEnvelope) -> Callable[[], str | None]:
         """Why this call must stop now (its job was cancelled, or the call itself), or None.

@@ -124,6 +124,6 @@ class Registry:
 
 def default_registry() -> Registry:
     """Every native tool; declarations are cheap to import (implementations import lazily)."""
-    from workers.tools import fs, process, runtime, sessions
+    from workers.tools import fs, process, runtime, sessions, subagents
 
-    return Registry([*fs.TOOLS, *runtime.TOOLS, *process.TOOLS, *sessions.TOOLS])
+    return Registry([*fs.TOOLS, *runtime.TOOLS, *process.TOOLS, *sessions.TOOLS, *subagents.TOOLS])

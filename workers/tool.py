@@ -19,6 +19,9 @@ from broker.settings import Settings
 from workers.sandbox import Sandbox
 
 if TYPE_CHECKING:
+    import redis
+    from celery import Celery
+
     from broker.store import Store
 
 Permission = Literal["allow", "ask", "deny"]
@@ -65,6 +68,8 @@ class ToolContext:
     session_id: str = ""
     sandbox: Sandbox | None = None  # this process's sandbox when it is enabled
     store: Callable[[], Store] | None = None  # PostgreSQL, for tools that read sessions
+    redis: redis.Redis | None = None  # for tools that count, signal or queue (subagents)
+    celery: Callable[[], Celery] | None = None  # for tools that start task graphs
     cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
 
 

@@ -22,9 +22,18 @@ class ScriptedTurn(BaseModel):
 
 
 class Script(BaseModel):
-    """`{"turns": [{"text": "...", "tool_calls": [{"id", "name", "input"}]}, {"text": "done"}]}`"""
+    """`{"turns": [{"text": "...", "tool_calls": [{"id", "name", "input"}]}, {"text": "done"}]}`
+
+    `subagents` are the scripts of the children it spawns, by label (`*`: any label);
+    `on_announce` is the script of the job that an announcement starts in this session
+    once this one has ended."""
 
     turns: list[ScriptedTurn] = Field(min_length=1)
+    subagents: dict[str, Script] = Field(default_factory=dict)
+    on_announce: Script | None = None
+
+    def for_subagent(self, label: str) -> Script | None:
+        return self.subagents.get(label) or self.subagents.get("*")
 
 
 def parse_script(raw: Any) -> Script:

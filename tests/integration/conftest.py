@@ -34,14 +34,19 @@ class Cluster:
 
 
 def start_cluster(
-    workers_per_group: int = 1, groups: tuple[str, ...] = ("fs", "runtime"), **overrides: object
+    workers_per_group: int = 1,
+    groups: tuple[str, ...] = ("fs", "runtime"),
+    orchestrators: int = 1,
+    **overrides: object,
 ) -> Iterator[Cluster]:
     iso = Isolated(**overrides)
     env = iso.env() | {
         f"CLAWQ_{k.upper()}": json.dumps(v) if isinstance(v, dict | list) else str(v)
         for k, v in overrides.items()
     }
-    stack = Stack(list(groups), workers_per_group, env=env, concurrency=2)
+    stack = Stack(
+        list(groups), workers_per_group, env=env, concurrency=2, orchestrators=orchestrators
+    )
     stack.start()
     try:
         stack.wait_ready(iso.redis_url)

@@ -1,0 +1,133 @@
+"""Subagents end to end: spawned as Celery task graphs by a real `sessions` worker, run by a
+real orchestrator, announced back through the debounced queue in Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from broker import events, keys
+from tests.integration.conftest import Cluster, call, script, start_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from start_cluster(
+        groups=("fs", "runtime", "sessions"), exec_security="full", exec_ask="off"
+    )
+
+
+def child(text: str) -> dict[str, Any]:
+    return script({"text": text})
+
+
+def sleeper(seconds: int) -> dict[str, Any]:
+    """A child that works until it is stopped."""
+    return script({"tool_calls": [call("z", "exec", command=f"sleep {seconds}")]}, {"text": "slept"})
+
+
+def session_jobs(cluster: Cluster, session: str) -> list[dict[str, Any]]:
+    return cluster.client.store.conn.execute(
+        "SELECT id, status, spec FROM jobs WHERE session_id = %s ORDER BY created_at", (session,)
+    ).fetchall()
+
+
+def wait_until(check: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s")
+
+
+def running_slots(cluster: Cluster) -> int:
+    with redis.Redis.from_url(cluster.iso.redis_url) as client:
+        return int(client.zcount(keys.SUBAGENTS_RUNNING, int(time.time() * 1000), "+inf"))
+
+
+def test_three_children_reach_the_parent_as_one_batch(cluster: Cluster, workspace: Path) -> None:
+    parent = cluster.client.submit(
+        "split the work",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        call(f"s{n}", "sessions_spawn", task=f"part {n}", label=f"part-{n}")
+                        for n in (1, 2, 3)
+                    ]
+                },
+                {"text": "the parts are running"},
+            ],
+            "subagents": {f"part-{n}": child(f"part {n} is done") for n in (1, 2, 3)},
+            "on_announce": script({"text": "all parts are in"}),
+        },
+    )
+    result = parent.wait(timeout=60)
+    assert result.status == "completed", result
+    assert all("started" in c.output and c.queue == "sessions" for c in result.tool_calls)
+
+    # the announcement starts a new job of the parent's session, with one batched message
+    jobs = wait_until(lambda: len(session_jobs(cluster, parent.id)) == 2 and session_jobs(cluster, parent.id))
+    follow_up = cluster.client.job(jobs[1]["id"])
+    assert follow_up.wait(timeout=60).final_text == "all parts are in"
+    prompt = jobs[1]["spec"]["prompt"]
+    assert prompt.startswith("3 subagents finished:")
+    for n in (1, 2, 3):
+        assert f"[subagent part-{n} completed]\npart {n} is done" in prompt
+
+    tree = parent.subagents()
+    assert sorted(s.label for s in tree) == ["part-1", "part-2", "part-3"]
+    assert all(s.status == "completed" and s.depth == 1 and s.parent_id == parent.id for s in tree)
+    seen = [e.type for e in events.read(cluster.client.redis, parent.id, after="0", block_ms=1)]
+    assert seen.count("subagent_spawned") == 3 and seen.count("subagent_finished") == 3
+    assert "announce_delivered" in seen
+    assert running_slots(cluster) == 0
+
+
+def test_sync_spawn_returns_the_result_and_limits_are_errors(
+    cluster: Cluster, workspace: Path
+) -> None:
+    parent = cluster.client.submit(
+        "ask a helper",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {"tool_calls": [call("r", "spawn", task="answer", label="helper", mode="run")]},
+                {
+                    "tool_calls": [
+                        call(f"x{n}", "sessions_spawn", task="more", label="helper")
+                        for n in range(5)
+                    ]
+                },
+                {"text": "done"},
+            ],
+            "subagents": {
+                "helper": script(
+                    # a leaf may not spawn: the tool is not even offered to it
+                    {"tool_calls": [call("deeper", "sessions_spawn", task="x", label="helper")]},
+                    {"text": "forty-two"},
+                )
+            },
+        },
+    )
+    result = parent.wait(timeout=90)
+    by_id = {c.id: c for c in result.tool_calls}
+    assert by_id["r"].output == "forty-two" and not by_id["r"].is_error
+    spawned = [by_id[f"x{n}"] for n in range(5)]
+    rejected = [c for c in spawned if c.is_error]
+    assert len(rejected) == 1  # the sync child counts: 5 children per parent until archived
+    assert rejected[0].output == (
+        "spawn rejected: this agent has too many subagents (finished ones count until "
+        "archived) (children: 5 of 5)"
+    )
+    helper = cluster.client.job(parent.subagents()[0].id).result()
+    denied = helper.tool_calls[0]
+    assert denied.is_error and denied.decision == "deny:policy", denied
+    assert denied.output == "sessions_spawn is not available to this agent"
