@@ -28,7 +28,9 @@ def child(text: str) -> dict[str, Any]:
 
 def sleeper(seconds: int) -> dict[str, Any]:
     """A child that works until it is stopped."""
-    return script({"tool_calls": [call("z", "exec", command=f"sleep {seconds}")]}, {"text": "slept"})
+    return script(
+        {"tool_calls": [call("z", "exec", command=f"sleep {seconds}")]}, {"text": "slept"}
+    )
 
 
 def session_jobs(cluster: Cluster, session: str) -> list[dict[str, Any]]:
@@ -74,7 +76,9 @@ def test_three_children_reach_the_parent_as_one_batch(cluster: Cluster, workspac
     assert all("started" in c.output and c.queue == "sessions" for c in result.tool_calls)
 
     # the announcement starts a new job of the parent's session, with one batched message
-    jobs = wait_until(lambda: len(session_jobs(cluster, parent.id)) == 2 and session_jobs(cluster, parent.id))
+    jobs = wait_until(
+        lambda: len(session_jobs(cluster, parent.id)) == 2 and session_jobs(cluster, parent.id)
+    )
     follow_up = cluster.client.job(jobs[1]["id"])
     assert follow_up.wait(timeout=60).final_text == "all parts are in"
     prompt = jobs[1]["spec"]["prompt"]
@@ -131,3 +135,55 @@ def test_sync_spawn_returns_the_result_and_limits_are_errors(
     denied = helper.tool_calls[0]
     assert denied.is_error and denied.decision == "deny:policy", denied
     assert denied.output == "sessions_spawn is not available to this agent"
+
+
+def test_cancel_last_label_all_and_steer(cluster: Cluster, workspace: Path) -> None:
+    long_message = "é" * 3000  # 6000 bytes: the respawned child gets the first 4000
+    parent = cluster.client.submit(
+        "keep them busy",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        call(f"s{n}", "sessions_spawn", task=f"work {n}", label=label)
+                        for n, label in enumerate(["a", "b", "c"])
+                    ]
+                },
+                {"tool_calls": [call("s4", "sessions_spawn", task="work 4", label="d")]},
+                {"tool_calls": [call("k1", "subagents", action="cancel", target="last")]},
+                {"tool_calls": [call("k2", "subagents", action="cancel", target="b")]},
+                {
+                    "tool_calls": [
+                        call("st", "subagents", action="steer", target="a", message=long_message)
+                    ]
+                },
+                {"tool_calls": [call("ls", "subagents", action="list")]},
+                {"tool_calls": [call("k3", "subagents", action="cancel", target="all")]},
+                {"tool_calls": [call("k4", "subagents", action="cancel", target="all")]},
+                {"text": "stopped them all"},
+            ],
+            "subagents": {"*": sleeper(30)},
+        },
+    )
+    result = parent.wait(timeout=90)
+    out = {c.id: c for c in result.tool_calls}
+    assert out["k1"].output.startswith("cancelled 1 subagent(s): d (")
+    assert out["k2"].output.startswith("cancelled 1 subagent(s): b (")
+    assert out["st"].output.startswith("steered 'a':") and not out["st"].is_error
+    assert out["k3"].output.startswith("cancelled 2 subagent(s): c (")  # c and the new a
+    assert out["k4"].is_error and out["k4"].output.startswith("no running subagent")
+    states = {line.split()[1]: line.split()[2] for line in out["ls"].output.splitlines()[:4]}
+    assert states.pop("'c'") in {"queued", "running"}
+    assert states == {"'a'": "archived", "'b'": "cancelled", "'d'": "cancelled"}
+
+    tree = {(s.label, s.archived): s for s in parent.subagents()}
+    assert len(tree) == 5
+    assert all(s.status == "cancelled" for s in tree.values()), tree
+    steered = tree[("a", False)]
+    prompt = cluster.client.store.job(steered.id)["spec"]["prompt"]  # type: ignore[index]
+    assert prompt == "é" * 2000 and len(prompt.encode()) == 4000
+    assert tree[("a", True)].id != steered.id
+    wait_until(lambda: running_slots(cluster) == 0, timeout=10)
+    time.sleep(1.5)  # past the debounce: cancelled children are not announced
+    assert len(session_jobs(cluster, parent.id)) == 1

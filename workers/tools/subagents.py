@@ -205,7 +205,7 @@ class Spawn(SessionsSpawn):
 class SubagentsInput(ToolInput):
     action: Literal["list", "cancel", "steer"]
     target: str = Field(
-        "", description='cancel and steer: a subagent id, "last", or (cancel only) "all"'
+        "", description='cancel and steer: a subagent id or label, "last", or (cancel) "all"'
     )
     message: str = Field("", description="steer: the subagent's new instructions")
 
@@ -280,14 +280,22 @@ class Subagents(Tool[SubagentsInput]):
 
 
 def _find(children: list[dict[str, Any]], target: str) -> dict[str, Any]:
+    """`last`, an id (or a unique prefix of 6+ characters), or a label (its latest child)."""
     if not children:
         raise ToolError("this session has no subagents")
     if target == "last":
         return children[-1]
-    found = [c for c in children if c["id"] == target or c["id"].startswith(target)]
-    if len(found) != 1 or len(target) < 6:
-        raise ToolError(f"no subagent '{target}' here (subagents action=list shows them)")
-    return found[0]
+    by_id = [
+        c
+        for c in children
+        if c["id"] == target or (len(target) >= 6 and c["id"].startswith(target))
+    ]
+    if len(by_id) == 1:
+        return by_id[0]
+    by_label = [c for c in children if c["label"] == target]
+    if by_label:
+        return by_label[-1]
+    raise ToolError(f"no subagent '{target}' here (subagents action=list shows them)")
 
 
 def _listing(children: list[dict[str, Any]]) -> str:
