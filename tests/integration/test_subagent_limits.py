@@ -1,0 +1,167 @@
+"""Subagent limits under load, with two orchestrator processes: a spawn storm never runs more
+children than the cluster-wide limit, and a child whose orchestrator is SIGKILLed frees its
+slot within the lease."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from broker import keys
+from broker.messages import FINAL_STATUSES
+from broker.presence import live_processes
+from tests.integration.conftest import Cluster, call, script, start_cluster
+
+LIMIT = 8
+LEASE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from start_cluster(
+        workers_per_group=2,
+        groups=("runtime", "sessions"),
+        orchestrators=2,
+        exec_security="full",
+        exec_ask="off",
+        subagent_lease_s=LEASE_S,
+        max_concurrent_subagents=LIMIT,
+    )
+
+
+class Sampler(threading.Thread):
+    """Reads the live running count every few milliseconds."""
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(daemon=True)
+        self.client = redis.Redis.from_url(redis_url)
+        self.samples: list[int] = []
+        self.done = threading.Event()
+
+    def now(self) -> int:
+        at = int(time.time() * 1000)
+        return int(self.client.zcount(keys.SUBAGENTS_RUNNING, at, "+inf"))
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.samples.append(self.now())
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        self.client.close()
+
+
+def children_of(cluster: Cluster, parents: list[str]) -> list[dict[str, Any]]:
+    return cluster.client.store.conn.execute(
+        "SELECT id, status, parent_session FROM jobs WHERE parent_id = ANY(%s)", (parents,)
+    ).fetchall()
+
+
+def settle(cluster: Cluster, parents: list[str], timeout: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = children_of(cluster, parents)
+        if rows and all(r["status"] in FINAL_STATUSES for r in rows):
+            return rows
+        time.sleep(0.2)
+    raise AssertionError(f"children still running after {timeout}s")
+
+
+def test_a_spawn_storm_stays_within_the_limits(cluster: Cluster, workspace: Path) -> None:
+    sampler = Sampler(cluster.iso.redis_url)
+    sampler.start()
+    worker = script(
+        {"tool_calls": [call("w", "exec", command="sleep 0.5")]}, {"text": "child done"}
+    )
+    jobs = [
+        cluster.client.submit(
+            f"parent {p}",
+            workspace=str(workspace),
+            script={
+                "turns": [
+                    {
+                        "tool_calls": [
+                            call(f"s{n}", "sessions_spawn", task=f"t{n}", label=f"c{n}")
+                            for n in range(6)
+                        ]
+                    },
+                    {"text": "spawned"},
+                ],
+                "subagents": {"*": worker},
+                "on_announce": script({"text": "noted"}),
+            },
+        )
+        for p in range(12)
+    ]
+    results = [job.wait(timeout=120) for job in jobs]
+    rows = settle(cluster, [j.id for j in jobs], timeout=120)
+    time.sleep(LEASE_S)
+    sampler.stop()
+
+    spawned = [c for r in results for c in r.tool_calls if not c.is_error]
+    rejected = [c.output for r in results for c in r.tool_calls if c.is_error]
+    assert len(spawned) == len(rows)  # every admitted spawn made exactly one child
+    assert all(r["status"] == "completed" for r in rows), rows
+    assert rejected and all(o.startswith("spawn rejected: ") for o in rejected)
+    assert any("(concurrency: 8 of 8)" in o for o in rejected)
+    per_parent = [sum(1 for c in r.tool_calls if not c.is_error) for r in results]
+    assert max(per_parent) <= 5
+    assert max(sampler.samples) <= LIMIT and max(sampler.samples) >= LIMIT // 2
+    assert sampler.samples[-1] == 0
+    with redis.Redis.from_url(cluster.iso.redis_url) as client:
+        sizes = [client.scard(keys.subagent_children(j.id)) for j in jobs]
+    assert sizes == per_parent  # finished children still count until archived
+
+
+def test_a_sigkilled_childs_slot_is_freed(cluster: Cluster, workspace: Path) -> None:
+    parent = cluster.client.submit(
+        "one long child",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {"tool_calls": [call("s", "sessions_spawn", task="long", label="long")]},
+                {"text": "spawned"},
+            ],
+            "subagents": {
+                "long": script(
+                    {"tool_calls": [call("w", "exec", command="sleep 6")]}, {"text": "survived"}
+                )
+            },
+            "on_announce": script({"text": "noted"}),
+        },
+    )
+    parent.wait(timeout=60)
+    child = parent.subagents()[0].id
+    sampler = Sampler(cluster.iso.redis_url)
+    deadline = time.monotonic() + 30
+    while sampler.now() == 0 or cluster.client.store.job_status(child) != "running":
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.05)
+    owner = cluster.client.store.conn.execute(
+        "SELECT orchestrator FROM jobs WHERE id = %s", (child,)
+    ).fetchone()["orchestrator"]  # type: ignore[index]
+    pid = next(p["pid"] for p in live_processes(cluster.client.redis) if p["id"] == owner)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    while sampler.now() != 0:  # freed without anyone releasing it: the lease ran out
+        assert time.monotonic() - killed_at < LEASE_S + 1.5, "the dead child's slot leaked"
+        time.sleep(0.05)
+    freed_after = time.monotonic() - killed_at
+    assert freed_after <= LEASE_S + 1.5
+
+    # the surviving orchestrator resumes the child, which takes a slot again and finishes
+    final = cluster.client.job(child).wait(timeout=60)
+    assert final.status == "completed" and final.final_text == "survived"
+    assert sampler.now() == 0
+    sampler.client.close()
