@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -307,6 +308,81 @@ class Bench:
             "highest": highest,
         }
 
+    # -- (g): a storm of real spawns --------------------------------------------------------
+
+    def spawn_storm(self, parents: int = 100, children: int = 5) -> dict[str, float]:
+        """`parents` jobs each spawning `children` subagents in one turn, through the whole
+        system (sessions workers, two orchestrators), against the same jobs calling a no-op
+        sessions tool instead; the running count is sampled every 5 ms."""
+        from orchestrator.client import Client
+
+        workspace = tempfile.mkdtemp(prefix="clawq-bench-")
+        cli = [PY, "-m", "orchestrator.cli"]
+        worker = [*cli, "worker", "--group", "sessions", "--concurrency", "4"]
+        orchestrator = [*cli, "orchestrator", "--log-level", "warning"]
+
+        def script(name: str, make_input: Callable[[int], dict[str, str]]) -> dict[str, object]:
+            calls = [{"id": f"c{n}", "name": name, "input": make_input(n)} for n in range(children)]
+            return {
+                "turns": [{"tool_calls": calls}, {"text": "done"}],
+                "subagents": {"*": {"turns": [{"text": "child done"}]}},
+                "on_announce": {"turns": [{"text": "noted"}]},
+            }
+
+        spawning = script("sessions_spawn", lambda n: {"task": f"part {n}", "label": f"c{n}"})
+        baseline = script("sessions_list", lambda n: {})
+        with (
+            process(orchestrator, self.env),
+            process(orchestrator, self.env),
+            process([*worker, "--log-level", "warning"], self.env),
+            process([*worker, "--log-level", "warning"], self.env),
+        ):
+            wait_for(self.workers_ready("sessions", 8))
+            client = Client(self.settings)
+            highest = 0
+            stop = threading.Event()
+
+            def sample() -> None:
+                nonlocal highest
+                while not stop.is_set():
+                    now = int(time.time() * 1000)
+                    highest = max(highest, self.redis.zcount(keys.SUBAGENTS_RUNNING, now, "+inf"))
+                    time.sleep(0.005)
+
+            def storm(with_script: dict[str, object]) -> tuple[float, list[str]]:
+                started = time.perf_counter()
+                jobs = [
+                    client.submit("storm", workspace=workspace, script=with_script)
+                    for _ in range(parents)
+                ]
+                results = [job.wait(timeout=600) for job in jobs]
+                with psycopg.connect(self.database_url) as conn:
+
+                    def settled() -> bool:
+                        row = conn.execute(
+                            "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')"
+                        ).fetchone()
+                        return bool(row and row[0] == 0) and not self.redis.zcard(keys.ANNOUNCE_DUE)
+
+                    wait_for(settled, timeout=600)
+                outputs = [c.output for r in results for c in r.tool_calls if not c.is_error]
+                return time.perf_counter() - started, outputs
+
+            base_s, _ = storm(baseline)
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            storm_s, admitted = storm(spawning)
+            stop.set()
+            sampler.join()
+            client.close()
+        return {
+            "baseline_s": base_s,
+            "storm_s": storm_s,
+            "admitted": len(admitted),
+            "rejected": parents * children - len(admitted),
+            "highest": highest,
+        }
+
     # -- (e): one turn of parallel safe calls -------------------------------------------
 
     def batch(self, size: int = 10) -> tuple[float, float]:
@@ -520,6 +596,26 @@ def main() -> None:
             f"{adm['spawned']:.0f} admitted",
             f"{adm['storm_s']:.2f}",
             f"{adm['highest']:.0f}",
+        )
+        console.print(table)
+        g = bench.spawn_storm()
+        table = Table(title="(g) 100 parents x 5 real spawns, 2 orchestrators (limit 8 running)")
+        for col in (
+            "no-op sessions calls s",
+            "spawn storm s",
+            "vs no-op",
+            "admitted",
+            "rejected (a limit)",
+            "highest concurrency",
+        ):
+            table.add_column(col, justify="right")
+        table.add_row(
+            f"{g['baseline_s']:.2f}",
+            f"{g['storm_s']:.2f}",
+            f"{g['storm_s'] / g['baseline_s']:.2f}x",
+            f"{g['admitted']:.0f}",
+            f"{g['rejected']:.0f}",
+            f"{g['highest']:.0f}",
         )
         console.print(table)
         rows = bench.scaling()

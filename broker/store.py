@@ -326,13 +326,14 @@ class AsyncStore:
             return (await cur.fetchone()) is not None
 
     async def orphan_candidates(self) -> list[str]:
-        """Running jobs, and taken subagents still waiting for a slot (their message is
-        consumed: `chain` is set); those without a live lease are resumed by whoever sees
-        them."""
+        """Running jobs, and taken subagents that have waited a while for a slot (their
+        message is consumed: `chain` is set); those without a live lease are resumed by
+        whoever sees them."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT id FROM jobs WHERE status = 'running'"
-                " OR (status = 'queued' AND chain IS NOT NULL) ORDER BY created_at LIMIT 1000"
+                "SELECT id FROM jobs WHERE status = 'running' OR (status = 'queued'"
+                " AND chain IS NOT NULL AND created_at < now() - interval '30 seconds')"
+                " ORDER BY created_at LIMIT 1000"
             )
             return [row[0] for row in await cur.fetchall()]
 

@@ -36,10 +36,11 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
         def run(envelope: dict[str, Any]) -> None:
             runtime().run_call(CallEnvelope.model_validate(envelope))
 
+        app.conf.task_routes[task_name(tool.name)] = {"queue": tool.group.value}
         app.task(
             run,
             name=task_name(tool.name),
-            queue=tool.group.value,
+            shared=False,
             acks_late=True,
             reject_on_worker_lost=True,
             soft_time_limit=limit,

@@ -187,3 +187,33 @@ def test_cancel_last_label_all_and_steer(cluster: Cluster, workspace: Path) -> N
     wait_until(lambda: running_slots(cluster) == 0, timeout=10)
     time.sleep(1.5)  # past the debounce: cancelled children are not announced
     assert len(session_jobs(cluster, parent.id)) == 1
+
+
+def test_sessions_send_starts_a_turn_in_a_finished_session(
+    cluster: Cluster, workspace: Path
+) -> None:
+    other = cluster.client.submit(
+        "wait for news",
+        workspace=str(workspace),
+        script={"turns": [{"text": "idle"}], "on_announce": script({"text": "news read"})},
+    )
+    other.wait(timeout=60)
+    sender = cluster.client.submit(
+        "tell the other session",
+        workspace=str(workspace),
+        script=script(
+            {
+                "tool_calls": [
+                    call("m", "sessions_send", session_id=other.id, message="the build is green"),
+                    call("bad", "sessions_send", session_id="nope", message="x"),
+                ]
+            },
+            {"text": "told"},
+        ),
+    )
+    calls = {c.id: c for c in sender.wait(timeout=60).tool_calls}
+    assert calls["m"].output == f"sent to session {other.id}"
+    assert calls["bad"].is_error and "no session nope of yours" in calls["bad"].output
+    jobs = wait_until(lambda: (found := session_jobs(cluster, other.id))[1:] and found)
+    assert jobs[1]["spec"]["prompt"] == f"[message from session {sender.id}]\nthe build is green"
+    assert cluster.client.job(jobs[1]["id"]).wait(timeout=60).final_text == "news read"

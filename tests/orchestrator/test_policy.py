@@ -24,8 +24,6 @@ def make_tool(name: str, group: Group) -> type[Tool[Any]]:
 def registry() -> Registry:
     reg = default_registry()
     reg.register(
-        make_tool("sessions_spawn", Group.sessions),
-        make_tool("sessions_send", Group.sessions),
         make_tool("message", Group.messaging),
         make_tool("web_fetch", Group.web),
     )
@@ -43,6 +41,8 @@ ALL = FS | {
     "sessions_list",
     "sessions_history",
     "sessions_spawn",
+    "spawn",
+    "subagents",
     "sessions_send",
     "message",
     "web_fetch",
@@ -64,6 +64,8 @@ ALL = FS | {
                 "sessions_list",
                 "sessions_history",
                 "sessions_spawn",
+                "spawn",
+                "subagents",
                 "sessions_send",
             },
         ),
@@ -110,6 +112,8 @@ ALL = FS | {
                 "session_status",
                 "sessions_send",
                 "sessions_spawn",
+                "spawn",
+                "subagents",
                 "sessions_list",
                 "sessions_history",
             },

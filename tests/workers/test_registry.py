@@ -43,6 +43,10 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "session_status",
             "sessions_list",
             "sessions_history",
+            "sessions_spawn",
+            "spawn",
+            "subagents",
+            "sessions_send",
         }
     )
     schema = openai["edit_file"]["parameters"]

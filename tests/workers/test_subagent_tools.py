@@ -1,0 +1,53 @@
+"""The pure parts of the subagent tools: the steer cut, target lookup, the listing."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.tool import ToolError
+from workers.tools.subagents import SpawnInput, _find, _listing, cut_utf8
+
+
+def child(id_: str, label: str, status: str = "running", **more: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "id": id_,
+        "label": label,
+        "status": status,
+        "depth": 1,
+        "archived": False,
+        "final_text": "",
+        "error": "",
+    }
+    return row | more
+
+
+def test_cut_keeps_whole_characters() -> None:
+    assert cut_utf8("é" * 3000, 4000) == "é" * 2000
+    assert cut_utf8("aé", 2) == "a"  # never half a character
+    assert cut_utf8("short", 4000) == "short"
+
+
+def test_targets() -> None:
+    rows = [child("a1b2c3d4e5", "scout"), child("f6e7d8c9b0", "scout"), child("9999999999", "x")]
+    assert _find(rows, "last")["id"] == "9999999999"
+    assert _find(rows, "a1b2c3d4e5")["id"] == "a1b2c3d4e5"
+    assert _find(rows, "f6e7d8")["id"] == "f6e7d8c9b0"  # a unique prefix
+    assert _find(rows, "scout")["id"] == "f6e7d8c9b0"  # a label: its latest child
+    with pytest.raises(ToolError, match="no subagent 'f6e'"):
+        _find(rows, "f6e")  # too short to be an id prefix, and no such label
+    with pytest.raises(ToolError, match="no subagents"):
+        _find([], "last")
+
+
+def test_listing_and_mode_names() -> None:
+    rows = [
+        child("c1", "a", "completed", final_text="found it\nmore"),
+        child("c2", "b", "cancelled", archived=True),
+    ]
+    assert _listing(rows).splitlines() == [
+        "c1  'a'  completed  depth 1  → found it",
+        "c2  'b'  archived  depth 1",
+    ]
+    assert _listing([]) == "no subagents"
+    assert SpawnInput(task="t", mode="run").mode == "sync"  # the seed's name
+    assert SpawnInput(task="t", mode="spawn").mode == "async"
