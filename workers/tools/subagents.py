@@ -32,7 +32,7 @@ from broker.store import Store
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
 POLL_S = 0.25
-STEER_CANCEL_WAIT_S = 10.0
+STOP_WAIT_S = 10.0  # how long cancel and steer wait for a child to stop
 
 
 def _need(ctx: ToolContext) -> tuple[Store, redis.Redis]:
@@ -131,14 +131,13 @@ def wait_for(ctx: ToolContext, job_id: str, timeout: float) -> dict[str, Any] | 
     """The child's row once it has ended; None if this call was cancelled or timed out."""
     store, _ = _need(ctx)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         row = store.job(job_id)
         if row is not None and row["status"] in FINAL_STATUSES:
             return dict(row)
-        if ctx.cancelled():
+        if ctx.cancelled() or time.monotonic() >= deadline:
             return None
         time.sleep(POLL_S)
-    return None
 
 
 class SpawnInput(ToolInput):
@@ -250,8 +249,13 @@ class Subagents(Tool[SubagentsInput]):
         ids = [c["id"] for c in running]
         _, client = _need(ctx)
         cancel_jobs(client, ids, "cancelled by its parent", ctx.settings.events_ttl_s)
+        deadline = time.monotonic() + STOP_WAIT_S  # report what happened, not what was asked
+        stopping = [c for c in running if not wait_for(ctx, c["id"], deadline - time.monotonic())]
         names = ", ".join(f"{c['label']} ({c['id']})" for c in running)
-        return ToolResult(for_llm=f"cancelled {len(ids)} subagent(s): {names}")
+        text = f"cancelled {len(ids)} subagent(s): {names}"
+        if stopping:
+            text += "; still stopping: " + ", ".join(c["label"] for c in stopping)
+        return ToolResult(for_llm=text)
 
     def steer(
         self, ctx: ToolContext, children: list[dict[str, Any]], target: str, message: str
@@ -266,7 +270,7 @@ class Subagents(Tool[SubagentsInput]):
         old = _find(children, target)
         if old["status"] not in FINAL_STATUSES:
             cancel_jobs(client, [old["id"]], "steered by its parent", s.events_ttl_s)
-            wait_for(ctx, old["id"], STEER_CANCEL_WAIT_S)
+            wait_for(ctx, old["id"], STOP_WAIT_S)
         time.sleep(s.subagent_steer_settle_s)
         SubagentSlots(client, Limits()).archive(ctx.session_id, old["id"])  # replaced, not added
         store.archive(old["id"])
