@@ -24,7 +24,7 @@ from broker import keys
 class AnnounceItem(BaseModel):
     """One arrival: a child's result, or a message another session sent."""
 
-    kind: Literal["subagent", "message"] = "subagent"
+    kind: Literal["subagent", "message", "text"] = "subagent"  # text: already formatted
     child: str = ""  # the child job (subagent)
     parent_job: str = ""  # the job that spawned it
     label: str = ""
@@ -83,6 +83,16 @@ CLOSE = """
 if redis.call('LLEN', KEYS[1]) > 0 or redis.call('LLEN', KEYS[2]) > 0 then return 0 end
 if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
 return 1
+"""
+
+
+# KEYS: the session's active-job key, the job's inbox; ARGV: job id. The job has ended: the
+# session has no running job, and what waited in its inbox is handed back.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+local left = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+return left
 """
 
 
@@ -155,6 +165,8 @@ def batch_message(items: list[AnnounceItem]) -> str:
     """One message for the conversation: a single item, or a numbered batch."""
 
     def one(item: AnnounceItem) -> str:
+        if item.kind == "text":
+            return item.result
         if item.kind == "message":
             return f"[message from session {item.sender}]\n{item.result}"
         return f"[subagent {item.label or item.child} {item.status}]\n{item.result}"

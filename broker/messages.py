@@ -110,6 +110,7 @@ class JobSpec(BaseModel):
     parent_id: str = ""
     root_id: str = ""
     parent_session: str = ""
+    root_session: str = ""  # whose rate limit the whole tree shares
     depth: int = 0
     label: str = ""
 

@@ -98,8 +98,9 @@ class Orchestrator:
             RateLimiter(self.redis, self.settings.rate_limit_per_hour),
             self.app,
             AgentTaskEvents(self.app, self.settings.agent_task_events),
+            redis.Redis.from_url(self.settings.redis_url),
         )
-        self.sync_redis = redis.Redis.from_url(self.settings.redis_url)
+        self.sync_redis = self.services.sync_redis
         self.announcements = AnnounceQueue(
             self.sync_redis,
             self.settings.announce_debounce_s,

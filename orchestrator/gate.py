@@ -5,7 +5,7 @@
 2. pre-tool hooks — may deny, ask, allow, or rewrite the input (validated again);
 3. permission — rules of every source, the tool's own checks, protected paths, the mode;
    "ask" is answered by an allow-always grant or by a person (approval), else denied;
-4. the session's rate limit.
+4. the session's rate limit (a subagent tree shares its root session's).
 
 A refused call becomes an error result for the model and a `tool_call_denied` event that
 names the layer and the rule or hook that decided; no worker ever sees it.
@@ -105,7 +105,8 @@ class Gate:
                 writable = tool.protected_paths(args, self.spec.workspace)
         if decision.behavior != "allow":
             return await self.refuse(call, decision.layer, decision.reason, decision.by)
-        admitted, used = await self.limiter.admit(self.session_id)
+        # a subagent tree shares its root session's budget: spawning does not multiply it
+        admitted, used = await self.limiter.admit(self.spec.root_session or self.session_id)
         if not admitted:
             return await self.refuse(
                 call,

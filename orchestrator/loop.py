@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 from celery import Celery, signature
+from redis import Redis
 
 from broker import events, keys
-from broker.announce import CLOSE
+from broker.announce import CLOSE, RELEASE, AnnounceItem, AnnounceQueue
 from broker.control import cancel_jobs_async
 from broker.messages import (
     CallContext,
@@ -46,10 +47,7 @@ from orchestrator.turn import TurnCalls
 from workers.registry import Registry
 
 log = logging.getLogger("clawq.loop")
-RELEASE_SESSION = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 1
-"""
+
 EVENT_OUTPUT_CHARS = 2000
 
 
@@ -69,6 +67,7 @@ class Services:
     limiter: RateLimiter
     app: Celery
     task_events: AgentTaskEvents
+    sync_redis: Redis  # for the Redis helpers shared with workers (in a thread)
 
 
 class JobCancelled(Exception):
@@ -371,7 +370,7 @@ class JobRun:
             if spec.depth > 0:
                 pipe.zrem(keys.SUBAGENTS_RUNNING, self.job_id)
             await pipe.execute()
-        await redis.eval(RELEASE_SESSION, 1, keys.session_active(self.session_id), self.job_id)
+        await self.release_session(status)
         if status == "cancelled":  # its children go with it
             children = await self.s.store.unfinished_children(self.job_id)
             if children:
@@ -388,6 +387,21 @@ class JobRun:
             await events.emit(redis, parent_event, ttl)
         await self.s.task_events.finished(self.job_id, status, text, error)
         log.info("job %s %s after %d turns", self.job_id, status, self.turns)
+
+    async def release_session(self, status: str) -> None:
+        """New messages for the session now start a new job; those that reached this job's
+        inbox too late go back to the announce queue (unless the job was cancelled)."""
+        left = await self.s.redis.eval(
+            RELEASE, 2, keys.session_active(self.session_id), keys.inbox(self.job_id), self.job_id
+        )
+        if left and status != "cancelled":
+            s = self.s.settings
+            queue = AnnounceQueue(self.s.sync_redis, s.announce_debounce_s, s.announce_drain_at)
+            for text in left:
+                item = AnnounceItem(
+                    kind="text", result=text.decode() if isinstance(text, bytes) else text
+                )
+                await asyncio.to_thread(queue.push, self.session_id, item)
 
     def _continue_chain(self, result: dict[str, Any]) -> None:
         """What a Celery worker does after a task of a chain: send the next signature with

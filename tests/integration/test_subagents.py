@@ -14,11 +14,16 @@ import redis
 from broker import events, keys
 from tests.integration.conftest import Cluster, call, script, start_cluster
 
+RATE_LIMIT = 40
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     yield from start_cluster(
-        groups=("fs", "runtime", "sessions"), exec_security="full", exec_ask="off"
+        groups=("fs", "runtime", "sessions"),
+        exec_security="full",
+        exec_ask="off",
+        rate_limit_per_hour=RATE_LIMIT,
     )
 
 
@@ -217,3 +222,31 @@ def test_sessions_send_starts_a_turn_in_a_finished_session(
     jobs = wait_until(lambda: (found := session_jobs(cluster, other.id))[1:] and found)
     assert jobs[1]["spec"]["prompt"] == f"[message from session {sender.id}]\nthe build is green"
     assert cluster.client.job(jobs[1]["id"]).wait(timeout=60).final_text == "news read"
+
+
+def test_a_subagent_tree_shares_its_root_sessions_rate_limit(
+    cluster: Cluster, workspace: Path
+) -> None:
+    listing = [call(f"l{n}", "list_files") for n in range(RATE_LIMIT // 2)]
+    parent = cluster.client.submit(
+        "many small calls",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        call("r", "spawn", task="list a lot", label="lister", mode="sync")
+                    ]
+                },
+                {"text": "done"},
+            ],
+            "subagents": {
+                "lister": script({"tool_calls": listing}, {"tool_calls": listing}, {"text": "ok"})
+            },
+        },
+    )
+    parent.wait(timeout=60)
+    child_calls = cluster.client.job(parent.subagents()[0].id).result().tool_calls
+    limited = [c for c in child_calls if c.decision == "deny:rate_limit"]
+    assert len(child_calls) == RATE_LIMIT and len(limited) == 1  # the parent's spawn counted
+    assert limited[0].output.startswith("rate limit reached: 40 tool calls")

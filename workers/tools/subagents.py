@@ -83,6 +83,7 @@ def spawn(ctx: ToolContext, task: str, label: str, announce: bool) -> str:
             "parent_id": ctx.job_id,
             "root_id": root,
             "parent_session": ctx.session_id,
+            "root_session": parent.root_session or ctx.session_id,
             "depth": depth,
             "label": label,
         }
