@@ -250,3 +250,58 @@ def test_a_subagent_tree_shares_its_root_sessions_rate_limit(
     limited = [c for c in child_calls if c.decision == "deny:rate_limit"]
     assert len(child_calls) == RATE_LIMIT and len(limited) == 1  # the parent's spawn counted
     assert limited[0].output.startswith("rate limit reached: 40 tool calls")
+
+
+def test_a_running_parent_reads_the_announcement_at_its_next_turn(
+    cluster: Cluster, workspace: Path
+) -> None:
+    parent = cluster.client.submit(
+        "delegate and keep working",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {"tool_calls": [call("s", "sessions_spawn", task="quick", label="quick")]},
+                {"tool_calls": [call("w", "exec", command="sleep 3")]},  # the child ends meanwhile
+                {"text": "both done"},
+            ],
+            "subagents": {"quick": child("quick result")},
+        },
+    )
+    assert parent.wait(timeout=60).final_text == "both done"
+    rows = cluster.client.store.transcript(parent.id, 20)
+    assert [r["role"] for r in rows] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "user",
+        "assistant",
+    ]
+    assert rows[5]["content"]["text"] == "[subagent quick completed]\nquick result"
+    time.sleep(1.5)
+    assert len(session_jobs(cluster, parent.id)) == 1  # delivered into the job, no new one
+
+
+def test_cancelling_a_parent_cancels_its_children(cluster: Cluster, workspace: Path) -> None:
+    parent = cluster.client.submit(
+        "spawn and wait",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        call(f"s{n}", "sessions_spawn", task="work", label=f"w{n}") for n in (1, 2)
+                    ]
+                },
+                {"tool_calls": [call("w", "exec", command="sleep 30")]},
+                {"text": "never"},
+            ],
+            "subagents": {"*": sleeper(30)},
+        },
+    )
+    wait_until(lambda: len(parent.subagents()) == 2 and running_slots(cluster) == 2)
+    parent.cancel()
+    assert parent.wait(timeout=30).status == "cancelled"
+    wait_until(lambda: all(s.status == "cancelled" for s in parent.subagents()), timeout=15)
+    wait_until(lambda: running_slots(cluster) == 0, timeout=10)

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from workers.tool import ToolError
-from workers.tools.subagents import SpawnInput, _find, _listing, cut_utf8
+import pytest
+import redis
+
+from broker import keys
+from broker.messages import CallContext, JobSpec
+from broker.store import Store
+from tests.conftest import Isolated
+from workers.tool import ToolContext, ToolError
+from workers.tools.subagents import (
+    SpawnInput,
+    Subagents,
+    SubagentsInput,
+    _find,
+    _listing,
+    cut_utf8,
+)
 
 
 def child(id_: str, label: str, status: str = "running", **more: object) -> dict[str, object]:
@@ -51,3 +65,53 @@ def test_listing_and_mode_names() -> None:
     assert _listing([]) == "no subagents"
     assert SpawnInput(task="t", mode="run").mode == "sync"  # the seed's name
     assert SpawnInput(task="t", mode="spawn").mode == "async"
+
+
+def test_cancel_by_id_signals_the_child(
+    isolated: Isolated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real Redis and PostgreSQL, without an orchestrator: the cancel flag is set and
+    published, and the answer says the child has not stopped yet."""
+    import workers.tools.subagents as subagents
+
+    monkeypatch.setattr(subagents, "STOP_WAIT_S", 0.3)
+    store = Store(isolated.database_url)
+    client = redis.Redis.from_url(isolated.redis_url)
+    try:
+        store.create_job("parent", "parent", JobSpec(prompt="p", workspace="/tmp"))
+        for name in ("one", "two"):
+            spec = JobSpec(
+                prompt="c",
+                workspace="/tmp",
+                parent_id="parent",
+                parent_session="parent",
+                depth=1,
+                label=name,
+            )
+            store.create_job(f"child-{name}-0123456789", f"child-{name}-0123456789", spec)
+        control = client.pubsub()
+        control.subscribe(keys.CONTROL_CHANNEL)
+        control.get_message(timeout=1)
+        ctx = ToolContext(
+            context=CallContext(workspace="/tmp"),
+            settings=isolated.settings,
+            job_id="parent",
+            session_id="parent",
+            store=lambda: store,
+            redis=client,
+            celery=lambda: None,  # type: ignore[arg-type,return-value]
+        )
+        result = Subagents().run(
+            SubagentsInput(action="cancel", target="child-two-0123456789"), ctx
+        )
+        assert result.for_llm == (
+            "cancelled 1 subagent(s): two (child-two-0123456789); still stopping: two"
+        )
+        assert client.get(keys.cancel("child-two-0123456789")) == b"cancelled by its parent"
+        assert client.get(keys.cancel("child-one-0123456789")) is None
+        message = control.get_message(timeout=2)
+        assert message and json.loads(message["data"]) == {"cancel": "child-two-0123456789"}
+        control.close()
+    finally:
+        client.close()
+        store.close()
