@@ -36,6 +36,7 @@ class CallContext(BaseModel):
 
     workspace: str
     user_id: str = ""
+    agent_id: str = "main"
     channel: str = ""
     chat_id: str = ""
     peer_kind: str = ""
@@ -59,6 +60,7 @@ class CallEnvelope(BaseModel):
     user_id: str = ""
     depth: int = 0
     tool: str
+    task: str = ""  # the Celery task; empty: clawq.tool.<tool> (MCP tools share one)
     input: dict[str, Any]
     context: CallContext
     timeout_s: float

@@ -90,6 +90,14 @@ class Settings(BaseSettings):
         True, description="Celery events for agent runs (Flower): a few per job, not per call"
     )
 
+    # the MCP bridge (goclaw §7)
+    mcp_call_timeout_s: float = Field(60.0, gt=0, description="per call; the SDK waits forever")
+    mcp_health_interval_s: float = Field(30.0, gt=0, description="ping or list each server")
+    mcp_reconnect_initial_s: float = Field(2.0, gt=0, description="first backoff, then doubled")
+    mcp_reconnect_max_s: float = Field(60.0, gt=0, description="longest backoff")
+    mcp_reconnect_attempts: int = Field(10, ge=1, description="then the server is failed")
+    mcp_output_cap_chars: int = Field(100_000, ge=1000, description="of one result")
+
     # the Docker sandbox for exec (off: commands run on the worker's host)
     sandbox_enabled: bool = False
     sandbox_docker_url: str = Field("", description="Docker API; empty: DOCKER_HOST or the default")

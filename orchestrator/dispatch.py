@@ -78,7 +78,7 @@ class Dispatcher:
     async def _send(self, pending: Pending) -> None:
         env = pending.envelope
         await self.publisher.send(
-            name=task_name(env.tool),
+            name=env.task or task_name(env.tool),
             queue=pending.queue,
             kwargs={"envelope": env.model_dump(mode="json")},
             task_id=f"{env.call_id}.{uuid.uuid4().hex[:8]}",

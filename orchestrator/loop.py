@@ -21,6 +21,7 @@ from redis import Redis
 from broker import events, keys
 from broker.announce import CLOSE, RELEASE, AnnounceItem, AnnounceQueue
 from broker.control import cancel_jobs_async
+from broker.mcp_store import accessible_tools
 from broker.messages import (
     CallContext,
     CallEnvelope,
@@ -45,6 +46,7 @@ from orchestrator.rules import RuleError
 from orchestrator.task_events import AgentTaskEvents
 from orchestrator.turn import TurnCalls
 from workers.registry import Registry
+from workers.tools.mcp import tool_class
 
 log = logging.getLogger("clawq.loop")
 
@@ -84,11 +86,22 @@ class JobRun:
         self.current: TurnCalls | None = None  # the calls of the turn in flight
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
+        self.registry, self.policy = services.registry, services.policy  # + its MCP tools
+
+    async def load_mcp_tools(self) -> None:
+        """The MCP tools granted to this job's agent or user join its registry."""
+        s, spec = self.s, self.spec
+        rows = await accessible_tools(s.store.pool, spec.agent_id, spec.user_id)
+        self.registry, self.policy = s.registry, s.policy
+        if rows:
+            timeout = s.settings.mcp_call_timeout_s
+            self.registry = s.registry.extended(tool_class(r, timeout) for r in rows)
+            self.policy = PolicyEngine(self.registry, s.settings.tool_policy)
 
     def prepare(self) -> None:
         """What this job may see and do; a bad rule or policy fails the job clearly."""
         s, spec = self.s, self.spec
-        visible = s.policy.visible(
+        visible = self.policy.visible(
             spec.agent_id,
             spec.model.partition(":")[0],
             depth=spec.depth,
@@ -102,7 +115,7 @@ class JobRun:
             self.job_id,
             self.session_id,
             spec,
-            s.registry,
+            self.registry,
             visible,
             self.rules,
             s.hooks,
@@ -138,6 +151,7 @@ class JobRun:
         if not resumed:
             await self.append(Message(role="user", text=self.spec.prompt, job_id=self.job_id))
         try:
+            await self.load_mcp_tools()
             self.prepare()
             status, text, error = await self.loop()
         except (ModelError, RuleError, PolicyError) as exc:
@@ -163,8 +177,8 @@ class JobRun:
             request = ModelRequest(
                 system=self.spec.system,
                 messages=self.messages,
-                openai_tools=self.s.registry.openai_tools(self.tools),
-                anthropic_tools=self.s.registry.anthropic_tools(self.tools),
+                openai_tools=self.registry.openai_tools(self.tools),
+                anthropic_tools=self.registry.anthropic_tools(self.tools),
                 turn=turn,
             )
             self.current = TurnCalls(self, turn)  # calls start as the stream delivers them
@@ -226,7 +240,7 @@ class JobRun:
         self.messages.append(message)
 
     def _queue_of(self, name: str) -> str:
-        tool = self.s.registry.get(name)
+        tool = self.registry.get(name)
         return tool.group.value if tool else ""
 
     async def run_calls(self, turn: int, calls: list[ToolCall]) -> None:
@@ -296,10 +310,12 @@ class JobRun:
                 turn=turn,
                 session_id=self.session_id,
                 tool=ready.tool.name,
+                task=ready.tool.task,
                 input=ready.args.model_dump(mode="json", exclude_unset=True),
                 context=CallContext(
                     workspace=self.spec.workspace,
                     user_id=self.spec.user_id,
+                    agent_id=self.spec.agent_id,
                     sandbox_key=(
                         self.session_id
                         if self.s.settings.sandbox_scope == "session"

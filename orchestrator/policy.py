@@ -106,18 +106,22 @@ class PolicyEngine:
         problems = [f"unknown profile '{name}'" for name in profiles if name not in PROFILES]
         for entries in lists:
             for entry in entries:
-                if entry.startswith("group:") and entry[6:] not in self.groups:
+                if entry.startswith("group:") and not self._known(entry[6:]):
                     problems.append(f"unknown group '{entry}'")
         if problems:
             raise PolicyError("tool policy: " + "; ".join(sorted(set(problems))))
+
+    def _known(self, group: str) -> bool:
+        """MCP groups are dynamic: `mcp` and `mcp:<server>` exist even while empty."""
+        return group in self.groups or group == "mcp" or group.startswith("mcp:")
 
     def expand(self, entries: Iterable[str]) -> set[str]:
         out: set[str] = set()
         for entry in entries:
             if entry.startswith("group:"):
-                if entry[6:] not in self.groups:
+                if not self._known(entry[6:]):
                     raise PolicyError(f"tool policy: unknown group '{entry}'")
-                out |= self.groups[entry[6:]]
+                out |= self.groups.get(entry[6:], set())
             else:
                 out.add(entry)
         return out

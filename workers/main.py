@@ -24,6 +24,10 @@ def run_worker(
     """Consume `group`'s queue until stopped. No gossip or mingle: workers need not know
     each other, and both cost start-up time and broker traffic on every node."""
     app = create_app(settings)
+    if group == Group.mcp.value:  # MCP tools come from the catalog, by exposed name
+        from workers.tools.mcp import McpRegistry
+
+        registry = McpRegistry(registry, settings)
     register_tool_tasks(app, registry, settings, queue=group)
     queues = [group]
     if group == Group.runtime.value:  # calls about a host's background processes

@@ -113,9 +113,19 @@ class Registry:
 
     def _schema(self, tool: Tool[Any]) -> dict[str, Any]:
         """The input model's JSON schema, generated once (it costs ~1 ms a tool)."""
+        if tool.input_schema is not None:
+            return tool.input_schema
         if tool.name not in self._schemas:
             self._schemas[tool.name] = tool.input_model.model_json_schema()
         return self._schemas[tool.name]
+
+    def extended(self, tools: Iterable[type[Tool[Any]]]) -> Registry:
+        """This registry plus `tools` (a job's MCP tools), sharing the schema cache."""
+        copy = Registry()
+        copy._tools = dict(self._tools)
+        copy._schemas = self._schemas
+        copy.register(*tools)
+        return copy
 
     def _select(self, names: Iterable[str] | None) -> list[Tool[Any]]:
         chosen = self.names() if names is None else sorted(set(names) & set(self._tools))

@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from broker.messages import CallEnvelope
+from broker.messages import CallEnvelope, Group
 from broker.settings import Settings
 from workers.execute import WorkerRuntime, runtime_for_process, stop_runtime
 from workers.registry import Registry
@@ -47,6 +47,27 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
             time_limit=limit + settings.tool_grace_s,
             ignore_result=True,
         )
+
+    if queue == Group.mcp.value:  # every MCP tool shares one task; sessions open at start
+        from workers.mcp_client import manager_for_process
+        from workers.tools.mcp import MCP_TASK
+
+        def run_mcp(envelope: dict[str, Any]) -> None:
+            runtime().run_call(CallEnvelope.model_validate(envelope))
+
+        limit = settings.mcp_call_timeout_s + settings.tool_grace_s
+        app.conf.task_routes[MCP_TASK] = {"queue": Group.mcp.value}
+        app.task(
+            run_mcp,
+            name=MCP_TASK,
+            shared=False,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=limit,
+            time_limit=limit + settings.tool_grace_s,
+            ignore_result=True,
+        )
+        signals.worker_process_init.connect(lambda **_: manager_for_process(settings), weak=False)
 
     # prefork children start their heartbeat at fork; solo/threads pools in the main process
     signals.worker_process_init.connect(lambda **_: runtime(), weak=False)

@@ -90,6 +90,10 @@ class Tool(Generic[InputT]):
     # a failure here means shared state is not as expected: running siblings are stopped
     cascades_on_error: ClassVar[bool] = False
 
+    # tools declared elsewhere (MCP): their JSON schema as given, and one shared Celery task
+    input_schema: ClassVar[dict[str, Any] | None] = None
+    task: ClassVar[str] = ""
+
     def summary(self, args: InputT) -> str:
         """A short name for this call in messages, e.g. `exec(make test)`."""
         return self.name
