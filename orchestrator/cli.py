@@ -385,5 +385,13 @@ def demo(workers_per_group: int) -> None:
     sys.exit(0 if ok else 1)
 
 
+def _add_subcommands() -> None:
+    from orchestrator.cli_mcp import mcp
+
+    main.add_command(mcp)
+
+
+_add_subcommands()
+
 if __name__ == "__main__":
     main()

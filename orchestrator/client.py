@@ -37,6 +37,7 @@ from broker.policy_config import PermissionMode, PermissionRules
 from broker.settings import Settings
 from broker.store import Store
 from orchestrator.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
+from orchestrator.mcp_admin import McpAdmin
 from orchestrator.providers.base import ModelError
 from orchestrator.providers.scripted import parse_script
 from orchestrator.rules import RuleError, rules_from
@@ -229,6 +230,11 @@ class Client:
             AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
         )
         return Job(self, job_id)
+
+    @property
+    def mcp(self) -> McpAdmin:
+        """MCP servers, their tools, grants and access requests."""
+        return McpAdmin(self.store)
 
     def job(self, job_id: str) -> Job:
         return Job(self, job_id)

@@ -301,16 +301,27 @@ class McpManager:
         return {name: c.state for name, c in self.connections.items()}
 
     def close(self) -> None:
-        def stop_all() -> None:
-            self._health.cancel()
-            for connection in self.connections.values():
-                connection.close_session()
+        """End every session (each in its owning task), then the loop."""
 
-        self.loop.call_soon_threadsafe(stop_all)
+        async def stop_all() -> None:
+            self._health.cancel()
+            owners = [c._owner for c in self.connections.values() if c._owner is not None]
+            for connection in self.connections.values():
+                connection.state = "idle"
+                connection.close_session()
+            if owners:
+                await asyncio.wait(owners, timeout=5)
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), self.loop).result(2)
+            asyncio.run_coroutine_threadsafe(stop_all(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 _manager: McpManager | None = None

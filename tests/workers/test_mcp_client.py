@@ -1,0 +1,191 @@
+"""The MCP sessions of a worker process against real servers: `mcp-server-time` and
+`mcp-server-git` from PyPI over stdio, a paginating stdio server, and a streamable-HTTP
+server built on the MCP SDK (tests/mcp_servers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.mcp_config import McpServer, parse_servers
+from broker.settings import Settings
+from workers.mcp_client import McpError, McpManager
+from workers.mcp_results import to_result
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def web_url() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.mcp_servers.web_server", "streamable-http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert proc.poll() is None and time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/mcp"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    (tmp_path / "repo" / "notes.txt").write_text("hello\n")
+    return tmp_path / "repo"
+
+
+class Harness:
+    """A manager on given servers, recording the catalog it would store."""
+
+    def __init__(self, servers: list[McpServer], **settings: Any) -> None:
+        self.servers = servers
+        self.listed: dict[str, list[str]] = {}
+        self.manager = McpManager(
+            Settings(**settings),
+            lambda: self.servers,
+            lambda server, rows: self.listed.__setitem__(server, [r[0] for r in rows]),
+        )
+
+    def call(self, server: str, tool: str, timeout: float = 15, **args: Any) -> Any:
+        return self.manager.call(server, tool, args, timeout)
+
+
+@pytest.fixture
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    made: list[Harness] = []
+
+    def make(servers: dict[str, Any], **settings: Any) -> Harness:
+        made.append(Harness(parse_servers(servers), **settings))
+        return made[-1]
+
+    yield make  # type: ignore[misc]
+    for h in made:
+        h.manager.close()
+
+
+def test_third_party_servers_over_stdio(harness: Any, repo: Path) -> None:
+    h = harness(
+        {
+            "time": {"command": str(BIN / "mcp-server-time")},
+            "git": {"command": str(BIN / "mcp-server-git"), "args": ["--repository", str(repo)]},
+            "paged": {"command": sys.executable, "args": ["-m", "tests.mcp_servers.paged_server"]},
+        }
+    )
+    now = h.call("time", "get_current_time", timezone="UTC")
+    assert now["structuredContent"]["timezone"] == "UTC" and not now["isError"]
+    status = to_result("git", h.call("git", "git_status", repo_path=str(repo)), 10_000)
+    assert "notes.txt" in status.for_llm and not status.is_error
+    assert status.for_llm.startswith("[untrusted content from MCP server 'git'")
+    assert h.call("paged", "t4")["content"][0]["text"] == "called t4"
+    assert h.listed["time"] == ["get_current_time", "convert_time"]
+    assert "git_commit" in h.listed["git"] and len(h.listed["git"]) >= 10
+    assert h.listed["paged"] == ["t0", "t1", "t2", "t3", "t4"]  # three pages, all listed
+    started = time.perf_counter()
+    for _ in range(20):
+        h.call("time", "get_current_time", timezone="UTC")
+    assert (time.perf_counter() - started) / 20 < 0.1  # one held session, not one per call
+
+
+def test_a_killed_server_is_reconnected(harness: Any) -> None:
+    h = harness(
+        {"time": {"command": str(BIN / "mcp-server-time")}},
+        mcp_reconnect_initial_s=0.1,
+        mcp_reconnect_max_s=0.5,
+    )
+    h.call("time", "get_current_time", timezone="UTC")
+    found = subprocess.run(
+        ["pgrep", "-P", str(os.getpid()), "-f", "mcp-server-time"], capture_output=True, text=True
+    )
+    (pid,) = [int(p) for p in found.stdout.split()]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    with pytest.raises(McpError, match="closed during get_current_time; it is being reconnected"):
+        h.call("time", "get_current_time", timezone="UTC")  # finds it dead: reconnects
+    again = h.call("time", "get_current_time", timezone="UTC")  # the next call works
+    assert not again["isError"] and h.manager.state() == {"time": "connected"}
+
+
+def test_an_unreachable_server_fails_cleanly_after_backoff(harness: Any) -> None:
+    h = harness(
+        {"down": {"url": f"http://127.0.0.1:{free_port()}/mcp"}},
+        mcp_reconnect_initial_s=0.05,
+        mcp_reconnect_max_s=0.2,
+        mcp_reconnect_attempts=4,
+        mcp_health_interval_s=60,
+    )
+    started = time.monotonic()
+    with pytest.raises(McpError) as first:
+        h.call("down", "anything", timeout=5)
+    assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 5
+    while h.manager.state().get("down") != "failed":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(McpError) as later:
+        h.call("down", "anything", timeout=5)
+    assert "MCP server 'down'" in str(first.value)
+    assert str(later.value).startswith(
+        "MCP server 'down' is unavailable: 4 reconnection attempts failed (last: ConnectError"
+    )
+
+
+def test_streamable_http_results_and_timeouts(harness: Any, web_url: str) -> None:
+    h = harness({"web": {"url": web_url, "headers": {"Authorization": "Bearer t"}}})
+    assert h.call("web", "add", a=2, b=3)["structuredContent"] == {"result": 5}
+    picture = to_result("web", h.call("web", "picture"), 10_000)
+    assert (
+        picture.for_llm.endswith("[image: image/png, 69 bytes, not shown]")
+        or "[image: image/png" in picture.for_llm
+    )
+    failed = to_result("web", h.call("web", "fail", message="boom"), 10_000)
+    assert failed.is_error and "fail" in failed.for_llm
+    with pytest.raises(McpError, match=r"nap on MCP server 'web' timed out after 0.5s"):
+        h.call("web", "nap", timeout=0.5, seconds=3)
+    assert h.call("web", "add", a=1, b=1)["structuredContent"] == {"result": 2}  # still usable
+    assert h.listed["web"] == ["add", "nap", "fail", "picture"]
+
+
+def test_results_become_text_with_placeholders_and_a_cap() -> None:
+    raw = {
+        "content": [
+            {"type": "text", "text": "a" * 50},
+            {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"},
+            {"type": "resource", "resource": {"uri": "file:///x.bin", "blob": "AAAA"}},
+            {"type": "resource_link", "uri": "file:///y", "name": "y"},
+        ],
+        "isError": False,
+    }
+    full = to_result("s", raw, 1000).for_user
+    assert full.splitlines()[1:] == [
+        "[audio: audio/wav, 3 bytes, not shown]",
+        "[resource file:///x.bin: binary, not shown]",
+        "[resource link file:///y: y]",
+    ]
+    cut = to_result("s", raw, 60).for_user
+    assert cut == full[:60] + f"\n[output cut at 60 characters of {len(full)}]"
+    structured = to_result("s", {"content": [], "structuredContent": {"k": 1}}, 1000)
+    assert '"k": 1' in structured.for_llm
+    assert to_result("s", {"content": []}, 1000).for_user == "(no output)"
