@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -62,11 +63,13 @@ class Connection:
         self._reconnecting: asyncio.Task[None] | None = None
 
     def _transport(self, stack: AsyncExitStack) -> Any:
-        from mcp import StdioServerParameters
+        from mcp import StdioServerParameters, stdio_client
 
         c = self.config
         if c.transport == "stdio":
-            return StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
+            params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
+            # the process's real stderr: under Celery, sys.stderr is a proxy without a fileno
+            return stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
         if c.transport == "sse":
             from mcp.client.sse import sse_client
 

@@ -137,3 +137,26 @@ def test_pipeline(policy: dict[str, Any], kwargs: dict[str, Any], expected: set[
 def test_unknown_profiles_and_groups_fail_closed(policy: dict[str, Any]) -> None:
     with pytest.raises(PolicyError):
         PolicyEngine(registry(), ToolPolicy.model_validate(policy))
+
+
+def test_mcp_groups_are_dynamic() -> None:
+    from broker.mcp_store import McpToolRow
+    from workers.tools.mcp import tool_class
+
+    schema = {"type": "object", "properties": {}}
+    rows = [
+        McpToolRow(
+            server=s, tool=t, exposed_name=f"mcp_{s}__{t}", description="d", input_schema=schema
+        )
+        for s, t in [("time", "now"), ("git", "status")]
+    ]
+    reg = default_registry().extended(tool_class(r, 60) for r in rows)
+    engine = PolicyEngine(reg, ToolPolicy.model_validate({"deny": ["group:mcp:git"]}))
+    seen = engine.visible()
+    assert "mcp_time__now" in seen and "mcp_git__status" not in seen
+    allow_mcp = PolicyEngine(reg, ToolPolicy.model_validate({"allow": ["group:mcp"]}))
+    assert allow_mcp.visible() == {"mcp_time__now", "mcp_git__status"}
+    assert "mcp_time__now" not in PolicyEngine(reg, ToolPolicy()).groups["goclaw"]
+    # a server not (yet) listed is no configuration error: its group is empty
+    quiet = PolicyEngine(default_registry(), ToolPolicy.model_validate({"allow": ["group:mcp:x"]}))
+    assert quiet.visible() == set()

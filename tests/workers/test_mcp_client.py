@@ -18,6 +18,7 @@ import pytest
 
 from broker.mcp_config import McpServer, parse_servers
 from broker.settings import Settings
+from tests.conftest import Isolated
 from workers.mcp_client import McpError, McpManager
 from workers.mcp_results import to_result
 
@@ -189,3 +190,32 @@ def test_results_become_text_with_placeholders_and_a_cap() -> None:
     structured = to_result("s", {"content": [], "structuredContent": {"k": 1}}, 1000)
     assert '"k": 1' in structured.for_llm
     assert to_result("s", {"content": []}, 1000).for_user == "(no output)"
+
+
+def test_a_call_is_checked_against_the_grants_again_on_the_worker(isolated: Isolated) -> None:
+    from broker.mcp_store import McpStore, McpToolRow
+    from broker.messages import CallContext
+    from broker.store import Store
+    from workers.tool import ToolContext, ToolError
+    from workers.tools.mcp import McpInput, tool_class
+
+    store = Store(isolated.database_url)
+    try:
+        McpStore(store.conn).add_server(parse_servers({"time": {"command": "x"}})[0])
+        row = McpToolRow(
+            server="time",
+            tool="now",
+            exposed_name="mcp_time__now",
+            description="",
+            input_schema={"type": "object"},
+        )
+        tool = tool_class(row, 5)()
+        ctx = ToolContext(
+            context=CallContext(workspace="/tmp", agent_id="main"),
+            settings=isolated.settings,
+            store=lambda: store,
+        )
+        with pytest.raises(ToolError, match="mcp_time__now is not granted to this agent or user"):
+            tool.run(McpInput(), ctx)  # revoked after the job started: the worker refuses
+    finally:
+        store.close()
