@@ -95,9 +95,10 @@ def orchestrator(log_level: str) -> None:
 
 
 def _groups() -> list[str]:
+    """Every group with tools, and mcp (its tools come from the servers configured)."""
     from workers.registry import default_registry
 
-    return [g.value for g in default_registry().groups()]
+    return [g.value for g in default_registry().groups()] + [Group.mcp.value]
 
 
 @main.command()
