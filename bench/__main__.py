@@ -383,6 +383,66 @@ class Bench:
             "highest": highest,
         }
 
+    # -- (h): MCP calls ---------------------------------------------------------------------
+
+    def mcp_calls(self, calls: int = 100) -> dict[str, float]:
+        """`mcp-server-time`'s get_current_time: on a held session in this process, with a
+        new session per call, and through clawq (orchestrator → mcp worker → held session;
+        queued-to-finished per call, one call per turn)."""
+        from mcp import Client, StdioServerParameters
+
+        from broker.mcp_config import parse_servers
+        from orchestrator.client import Client as ClawqClient
+        from workers.mcp_client import McpManager
+
+        server = os.path.join(os.path.dirname(PY), "mcp-server-time")
+        args = {"timezone": "UTC"}
+        manager = McpManager(
+            self.settings, lambda: parse_servers({"time": {"command": server}}), lambda *_: None
+        )
+        manager.call("time", "get_current_time", args, 30)
+        held = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            manager.call("time", "get_current_time", args, 30)
+            held.append(time.perf_counter() - started)
+        manager.close()
+
+        async def fresh() -> float:
+            started = time.perf_counter()
+            async with Client(StdioServerParameters(command=server)) as client:
+                await client.call_tool("get_current_time", args)
+            return time.perf_counter() - started
+
+        new = [asyncio.run(fresh()) for _ in range(5)]
+        client = ClawqClient(self.settings)
+        client.mcp.add({"mcpServers": {"time": {"command": server}}})
+        client.mcp.grant("time", agent="main")
+        cli = [PY, "-m", "orchestrator.cli"]
+        turn = {"tool_calls": [{"id": "t", "name": "mcp_time__get_current_time", "input": args}]}
+        script = {"turns": [turn] * calls + [{"text": "done"}]}
+        with (
+            process([*cli, "orchestrator", "--log-level", "warning"], self.env),
+            process(
+                [*cli, "worker", "--group", "mcp", "--concurrency", "1", "--log-level", "warning"],
+                self.env,
+            ),
+        ):
+            wait_for(lambda: len(client.mcp.tools()) >= 2, timeout=60)
+            job = client.submit(
+                "time", workspace=tempfile.mkdtemp(), script=script, max_iterations=calls + 1
+            )
+            job.wait(timeout=600)
+            through = self.call_latencies([job.id])
+        client.close()
+        return {
+            "held_ms": ms(held, 0.5),
+            "new_ms": ms(new, 0.5),
+            "clawq_ms": ms(through, 0.5),
+            "clawq_p99_ms": ms(through, 0.99),
+            "calls": len(through),
+        }
+
     # -- (e): one turn of parallel safe calls -------------------------------------------
 
     def batch(self, size: int = 10) -> tuple[float, float]:
@@ -616,6 +676,20 @@ def main() -> None:
             f"{g['admitted']:.0f}",
             f"{g['rejected']:.0f}",
             f"{g['highest']:.0f}",
+        )
+        console.print(table)
+        h = bench.mcp_calls()
+        table = Table(title="(h) an MCP call (mcp-server-time over stdio), p50")
+        for col in ("path", "ms", "vs held session"):
+            table.add_column(col, justify="right")
+        table.add_row("held session, in process", f"{h['held_ms']:.2f}", "1.00x")
+        table.add_row(
+            "new session per call", f"{h['new_ms']:.0f}", f"{h['new_ms'] / h['held_ms']:.0f}x"
+        )
+        table.add_row(
+            f"through clawq ({h['calls']:.0f} calls, p99 {h['clawq_p99_ms']:.1f})",
+            f"{h['clawq_ms']:.2f}",
+            f"{h['clawq_ms'] / h['held_ms']:.2f}x",
         )
         console.print(table)
         rows = bench.scaling()

@@ -264,7 +264,9 @@ class McpManager:
     async def _call(
         self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float
     ) -> Any:
-        connection = await self._sync_one(server)
+        connection = self.connections.get(server)
+        if connection is None or connection.state != "connected":  # else: the health loop
+            connection = await self._sync_one(server)  # follows configuration changes
         return await connection.call(tool, arguments, timeout_s)
 
     async def _sync_one(self, name: str) -> Connection:
