@@ -31,11 +31,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def web_url() -> Iterator[str]:
+def serve(transport: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.mcp_servers.web_server", "streamable-http", str(port)],
+        [sys.executable, "-m", "tests.mcp_servers.web_server", transport, str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -46,9 +45,19 @@ def web_url() -> Iterator[str]:
                 break
         assert proc.poll() is None and time.monotonic() < deadline, "the test server did not start"
         time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
+    yield f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}"
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def web_url() -> Iterator[str]:
+    yield from serve("streamable-http")
+
+
+@pytest.fixture(scope="module")
+def sse_url() -> Iterator[str]:
+    yield from serve("sse")
 
 
 @pytest.fixture
@@ -127,6 +136,37 @@ def test_a_killed_server_is_reconnected(harness: Any) -> None:
         h.call("time", "get_current_time", timezone="UTC")  # finds it dead: reconnects
     again = h.call("time", "get_current_time", timezone="UTC")  # the next call works
     assert not again["isError"] and h.manager.state() == {"time": "connected"}
+
+
+def test_the_health_check_reconnects_a_dead_server_without_a_call(harness: Any) -> None:
+    h = harness(
+        {"time": {"command": str(BIN / "mcp-server-time")}},
+        mcp_health_interval_s=0.3,
+        mcp_reconnect_initial_s=0.1,
+    )
+    h.call("time", "get_current_time", timezone="UTC")
+
+    def server_pids() -> list[int]:
+        found = subprocess.run(
+            ["pgrep", "-P", str(os.getpid()), "-f", "mcp-server-time"],
+            capture_output=True,
+            text=True,
+        )
+        return [int(p) for p in found.stdout.split()]
+
+    (first,) = server_pids()
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while server_pids() in ([], [first]) or h.manager.state() != {"time": "connected"}:
+        assert time.monotonic() < deadline, "the health check did not reconnect"
+        time.sleep(0.1)
+    assert not h.call("time", "get_current_time", timezone="UTC")["isError"]
+
+
+def test_sse_transport(harness: Any, sse_url: str) -> None:
+    h = harness({"legacy": {"type": "sse", "url": sse_url, "headers": {"X-Test": "1"}}})
+    assert h.call("legacy", "add", a=20, b=22)["structuredContent"] == {"result": 42}
+    assert "picture" in h.listed["legacy"]
 
 
 def test_an_unreachable_server_fails_cleanly_after_backoff(harness: Any) -> None:
