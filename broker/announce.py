@@ -71,6 +71,17 @@ if redis.call('LLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], ARGV[2]) en
 return job
 """
 
+# KEYS: announce list, due set, the job's inbox, its released flag; ARGV: n, session,
+# message, inbox ttl. Into the inbox of a job that has not ended (else 0: try again soon).
+DELIVER_TO_JOB = """
+if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+redis.call('RPUSH', KEYS[3], ARGV[3])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[4]))
+redis.call('LTRIM', KEYS[1], tonumber(ARGV[1]), -1)
+if redis.call('LLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], ARGV[2]) end
+return 1
+"""
+
 ACK = """
 redis.call('LTRIM', KEYS[1], tonumber(ARGV[1]), -1)
 if redis.call('LLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], ARGV[2]) end
@@ -86,10 +97,12 @@ return 1
 """
 
 
-# KEYS: the session's active-job key, the job's inbox; ARGV: job id. The job has ended: the
-# session has no running job, and what waited in its inbox is handed back.
+# KEYS: the session's active-job key, the job's inbox, its released flag; ARGV: job id,
+# ttl. The job has ended: the session has no running job, what waited in its inbox is
+# handed back, and nothing more can be put there.
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[3], 1, 'EX', tonumber(ARGV[2]))
 local left = redis.call('LRANGE', KEYS[2], 0, -1)
 redis.call('DEL', KEYS[2])
 return left
@@ -114,6 +127,7 @@ class AnnounceQueue:
         self._claim = client.register_script(CLAIM)
         self._deliver = client.register_script(DELIVER)
         self._ack = client.register_script(ACK)
+        self._deliver_to_job = client.register_script(DELIVER_TO_JOB)
 
     def push(self, session: str, item: AnnounceItem, now: float | None = None) -> int:
         """Queue one item for `session`; returns how many are waiting."""
@@ -151,6 +165,25 @@ class AnnounceQueue:
         if not job:
             return None
         return job.decode() if isinstance(job, bytes) else str(job)
+
+    def deliver_to_job(self, job_id: str, session: str, count: int, message: str) -> bool:
+        """Hand `message` to a job of `session` that has not started its run yet (or is
+        about to end); False once it has ended (its inbox is closed)."""
+        done = self._deliver_to_job(
+            keys=[
+                keys.announce(session),
+                keys.ANNOUNCE_DUE,
+                keys.inbox(job_id),
+                keys.released(job_id),
+            ],
+            args=[count, session, message, self.inbox_ttl_s],
+        )
+        return bool(done)
+
+    def retry_soon(self, session: str, after_s: float = 0.5, now: float | None = None) -> None:
+        """A claimed batch that could not be delivered yet is due again shortly."""
+        at = now if now is not None else time.time()
+        self.client.zadd(keys.ANNOUNCE_DUE, {session: at + after_s})
 
     def ack(self, session: str, count: int) -> None:
         """The first `count` items of `session` are delivered."""

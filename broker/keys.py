@@ -101,3 +101,8 @@ def session_active(session_id: str) -> str:
 def inbox(job_id: str) -> str:
     """Announcements and messages for a running job, taken as input at its next turn."""
     return f"{PREFIX}:inbox:{job_id}"
+
+
+def released(job_id: str) -> str:
+    """Set when a job has ended and handed its inbox back: nothing may be added to it."""
+    return f"{PREFIX}:released:{job_id}"

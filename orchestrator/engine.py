@@ -324,6 +324,13 @@ class Orchestrator:
                 log.info("announcements for %s dropped: its session is gone or cancelled", session)
                 await asyncio.to_thread(queue.ack, session, len(items))
                 return
+            if latest["status"] in ("queued", "running"):  # about to start, or ending now:
+                job_id = latest["id"]  # its next turn reads the inbox, or it hands it back
+                args = (job_id, session, len(items), text)
+                if await asyncio.to_thread(queue.deliver_to_job, *args):
+                    return await self._announced(job_id, items)
+                await asyncio.to_thread(queue.retry_soon, session)  # it has just ended
+                return
             spec = JobSpec.model_validate(latest["spec"])
             script = (spec.script or {}).get("on_announce") if spec.model == "scripted" else None
             spec = spec.model_copy(update={"prompt": text, "script": script})
@@ -339,6 +346,9 @@ class Orchestrator:
                 parent_id=latest["id"],
             )
             await asyncio.to_thread(queue.ack, session, len(items))
+        await self._announced(job_id, items)
+
+    async def _announced(self, job_id: str, items: list[AnnounceItem]) -> None:
         children = [i.child for i in items if i.kind == "subagent"]
         data = {"to_job": job_id, "count": len(items), "children": children}
         ttl = self.settings.events_ttl_s

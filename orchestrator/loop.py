@@ -408,7 +408,13 @@ class JobRun:
         """New messages for the session now start a new job; those that reached this job's
         inbox too late go back to the announce queue (unless the job was cancelled)."""
         left = await self.s.redis.eval(
-            RELEASE, 2, keys.session_active(self.session_id), keys.inbox(self.job_id), self.job_id
+            RELEASE,
+            3,
+            keys.session_active(self.session_id),
+            keys.inbox(self.job_id),
+            keys.released(self.job_id),
+            self.job_id,
+            self.s.settings.events_ttl_s,
         )
         if left and status != "cancelled":
             s = self.s.settings

@@ -82,3 +82,19 @@ def test_messages() -> None:
     text = batch_message([item(1), item(2)])
     assert text.startswith("2 subagents finished:") and "1. [subagent task 1" in text
     assert "2. [subagent task 2 completed]\nr2" in text
+
+
+def test_a_job_that_has_not_ended_takes_the_batch_in_its_inbox(client: redis.Redis) -> None:
+    queue = AnnounceQueue(client)
+    queue.push("s", item(1), now=1.0)
+    queue.claim_due(now=5.0)
+    assert queue.deliver_to_job("job-1", "s", 1, "one")  # queued, not yet started
+    assert client.lrange(keys.inbox("job-1"), 0, -1) == [b"one"]
+    assert queue.claim_due(now=100.0) == {}  # delivered: nothing left
+    client.set(keys.released("job-2"), 1)  # job-2 has ended and handed its inbox back
+    queue.push("s", item(2), now=6.0)
+    queue.claim_due(now=10.0)
+    assert not queue.deliver_to_job("job-2", "s", 1, "two")
+    assert not client.exists(keys.inbox("job-2"))
+    queue.retry_soon("s", 0.5, now=10.0)
+    assert [i.child for i in queue.claim_due(now=10.6)["s"]] == ["c2"]  # due again soon

@@ -305,3 +305,29 @@ def test_cancelling_a_parent_cancels_its_children(cluster: Cluster, workspace: P
     assert parent.wait(timeout=30).status == "cancelled"
     wait_until(lambda: all(s.status == "cancelled" for s in parent.subagents()), timeout=15)
     wait_until(lambda: running_slots(cluster) == 0, timeout=10)
+
+
+def test_a_job_queued_in_the_session_gets_the_announcement(
+    cluster: Cluster, workspace: Path
+) -> None:
+    from broker.announce import AnnounceItem, AnnounceQueue
+    from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
+
+    first = cluster.client.submit("first", workspace=str(workspace), script=child("first done"))
+    first.wait(timeout=60)
+    waiting = JobSpec(prompt="second", workspace=str(workspace), script=child("second done"))
+    cluster.client.store.create_job("queued-job-0001", session_id=first.id, spec=waiting)
+    with redis.Redis.from_url(cluster.iso.redis_url) as client:
+        item = AnnounceItem(child="c-9", label="late", status="completed", result="news")
+        AnnounceQueue(client, debounce_s=0).push(first.id, item)
+        wait_until(lambda: client.llen(keys.inbox("queued-job-0001")) == 1, timeout=10)
+    assert len(session_jobs(cluster, first.id)) == 2  # no third job next to the queued one
+    cluster.client.app.send_task(
+        AGENT_RUN_TASK,
+        kwargs={"job_id": "queued-job-0001"},
+        queue=AGENTS_QUEUE,
+        task_id="queued-job-0001",
+    )
+    assert cluster.client.job("queued-job-0001").wait(timeout=60).final_text == "second done"
+    texts = [r["content"].get("text") for r in cluster.client.store.transcript(first.id, 20)]
+    assert texts[-3:] == ["second", "[subagent late completed]\nnews", "second done"]
