@@ -30,16 +30,15 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
     def runtime() -> WorkerRuntime:
         return runtime_for_process(settings, registry, queue, node)
 
-    for tool in registry:
-        limit = tool.timeout_s + settings.tool_grace_s
+    def run(envelope: dict[str, Any]) -> None:
+        runtime().run_call(CallEnvelope.model_validate(envelope))
 
-        def run(envelope: dict[str, Any]) -> None:
-            runtime().run_call(CallEnvelope.model_validate(envelope))
-
-        app.conf.task_routes[task_name(tool.name)] = {"queue": tool.group.value}
+    def declare(name: str, group: str, timeout_s: float) -> None:
+        limit = timeout_s + settings.tool_grace_s
+        app.conf.task_routes[name] = {"queue": group}
         app.task(
             run,
-            name=task_name(tool.name),
+            name=name,
             shared=False,
             acks_late=True,
             reject_on_worker_lost=True,
@@ -48,31 +47,24 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
             ignore_result=True,
         )
 
-    if queue == Group.mcp.value:  # every MCP tool shares one task; sessions open at start
-        from workers.mcp_client import manager_for_process
+    for tool in registry:
+        declare(task_name(tool.name), tool.group.value, tool.timeout_s)
+    if queue == Group.mcp.value:  # every MCP tool shares one task
         from workers.tools.mcp import MCP_TASK
 
-        def run_mcp(envelope: dict[str, Any]) -> None:
-            runtime().run_call(CallEnvelope.model_validate(envelope))
+        declare(MCP_TASK, Group.mcp.value, settings.mcp_call_timeout_s)
 
-        limit = settings.mcp_call_timeout_s + settings.tool_grace_s
-        app.conf.task_routes[MCP_TASK] = {"queue": Group.mcp.value}
-        app.task(
-            run_mcp,
-            name=MCP_TASK,
-            shared=False,
-            acks_late=True,
-            reject_on_worker_lost=True,
-            soft_time_limit=limit,
-            time_limit=limit + settings.tool_grace_s,
-            ignore_result=True,
-        )
-        signals.worker_process_init.connect(lambda **_: manager_for_process(settings), weak=False)
+    def start() -> None:
+        runtime()
+        if queue == Group.mcp.value:  # MCP sessions open at start: they list the catalog
+            from workers.mcp_client import manager_for_process
 
-    # prefork children start their heartbeat at fork; solo/threads pools in the main process
-    signals.worker_process_init.connect(lambda **_: runtime(), weak=False)
+            manager_for_process(settings)
+
+    # prefork children start at fork; solo/threads pools in the main process
+    signals.worker_process_init.connect(lambda **_: start(), weak=False)
     signals.worker_ready.connect(
-        lambda sender=None, **_: runtime() if app.conf.worker_pool != "prefork" else None,
+        lambda sender=None, **_: start() if app.conf.worker_pool != "prefork" else None,
         weak=False,
     )
     signals.worker_process_shutdown.connect(lambda **_: stop_runtime(), weak=False)
