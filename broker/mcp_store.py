@@ -8,13 +8,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from broker.mcp_config import Grant, McpServer, exposed_names, granted
+from broker.store import Store
 
 CATALOG_LOCK = 7_415_922_002
 
@@ -66,8 +66,8 @@ def usable(rows: list[McpToolRow], grants: list[Grant]) -> list[McpToolRow]:
 
 
 class McpStore:
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
+    def __init__(self, store: Store) -> None:
+        self.conn = store.conn  # rows come back as dicts
 
     # -- servers and their catalog ---------------------------------------------------------
 
@@ -88,10 +88,7 @@ class McpStore:
         if enabled_only:
             sql += " WHERE enabled"
         rows = self.conn.execute(sql + " ORDER BY name").fetchall()
-        return [
-            McpServer.model_validate({**_row(r)["config"], "enabled": _row(r)["enabled"]})
-            for r in rows
-        ]
+        return [McpServer.model_validate({**r["config"], "enabled": r["enabled"]}) for r in rows]
 
     def server(self, name: str) -> McpServer | None:
         row = self.conn.execute(
@@ -99,7 +96,7 @@ class McpStore:
         ).fetchone()
         if row is None:
             return None
-        found = _row(row)
+        found = row
         return McpServer.model_validate({**found["config"], "enabled": found["enabled"]})
 
     def replace_tools(self, server: str, tools: list[tuple[str, str, dict[str, Any]]]) -> None:
@@ -115,7 +112,7 @@ class McpStore:
             others = self.conn.execute(
                 "SELECT server, tool FROM mcp_tools WHERE server <> %s", (server,)
             ).fetchall()
-            pairs = [(_row(r)["server"], _row(r)["tool"]) for r in others]
+            pairs = [(r["server"], r["tool"]) for r in others]
             pairs += [(server, name) for name, _, _ in tools]
             names = exposed_names(pairs)
             self.conn.execute("DELETE FROM mcp_tools WHERE server = %s", (server,))
@@ -135,7 +132,7 @@ class McpStore:
 
     def catalog(self) -> list[McpToolRow]:
         rows = self.conn.execute(SELECT_CATALOG).fetchall()
-        return [McpToolRow.model_validate(_row(r)) for r in rows]
+        return [McpToolRow.model_validate(r) for r in rows]
 
     def resolve(self, exposed: str) -> McpToolRow | None:
         """Exposed name → (server, tool): looked up, never parsed."""
@@ -145,7 +142,7 @@ class McpStore:
             " WHERE t.exposed_name = %s AND s.enabled",
             (exposed,),
         ).fetchone()
-        return McpToolRow.model_validate(_row(row)) if row else None
+        return McpToolRow.model_validate(row) if row else None
 
     # -- grants ----------------------------------------------------------------------------
 
@@ -173,14 +170,14 @@ class McpStore:
 
     def grants(self, agent: str, user: str) -> list[Grant]:
         rows = self.conn.execute(SELECT_GRANTS, (agent, user)).fetchall()
-        return [Grant.model_validate(_row(r)) for r in rows]
+        return [Grant.model_validate(r) for r in rows]
 
     def all_grants(self) -> list[Grant]:
         rows = self.conn.execute(
             "SELECT server, scope, subject, tool_allow, tool_deny, enabled FROM mcp_grants"
             " ORDER BY server, scope, subject"
         ).fetchall()
-        return [Grant.model_validate(_row(r)) for r in rows]
+        return [Grant.model_validate(r) for r in rows]
 
     # -- access requests -------------------------------------------------------------------
 
@@ -205,7 +202,7 @@ class McpStore:
             sql += " WHERE status = %s"
             params = (status,)
         rows = self.conn.execute(sql + " ORDER BY created_at", params).fetchall()
-        return [AccessRequest.model_validate(_row(r)) for r in rows]
+        return [AccessRequest.model_validate(r) for r in rows]
 
     def review(self, request_id: str, approve: bool, by: str) -> AccessRequest:
         """Approve (the grant is created in the same transaction) or reject a pending one."""
@@ -217,7 +214,7 @@ class McpStore:
             ).fetchone()
             if row is None:
                 raise McpStoreError(f"no pending access request '{request_id}'")
-            request = AccessRequest.model_validate(_row(row))
+            request = AccessRequest.model_validate(row)
             if approve:
                 self.conn.execute(
                     UPSERT_GRANT,
@@ -231,10 +228,6 @@ class McpStore:
                     ),
                 )
         return request
-
-
-def _row(row: Any) -> dict[str, Any]:
-    return row if isinstance(row, dict) else dict(row)
 
 
 async def accessible_tools(pool: AsyncConnectionPool, agent: str, user: str) -> list[McpToolRow]:

@@ -98,15 +98,14 @@ class Orchestrator:
             RateLimiter(self.redis, self.settings.rate_limit_per_hour),
             self.app,
             AgentTaskEvents(self.app, self.settings.agent_task_events),
-            redis.Redis.from_url(self.settings.redis_url),
+            AnnounceQueue(
+                redis.Redis.from_url(self.settings.redis_url),
+                self.settings.announce_debounce_s,
+                self.settings.announce_drain_at,
+                inbox_ttl_s=self.settings.events_ttl_s,
+            ),
         )
-        self.sync_redis = self.services.sync_redis
-        self.announcements = AnnounceQueue(
-            self.sync_redis,
-            self.settings.announce_debounce_s,
-            self.settings.announce_drain_at,
-            inbox_ttl_s=self.settings.events_ttl_s,
-        )
+        self.announcements = self.services.announcements
         background = [
             asyncio.create_task(self.dispatcher.listen(listen_redis)),
             asyncio.create_task(self.dispatcher.watchdog()),
@@ -137,7 +136,7 @@ class Orchestrator:
             await self.store.close()
             await self.redis.aclose()
             await listen_redis.aclose()
-            self.sync_redis.close()
+            self.announcements.client.close()
             self.services.task_events.close()
 
     # -- the agents queue ---------------------------------------------------------------

@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 from celery import Celery, signature
-from redis import Redis
 
 from broker import events, keys
 from broker.announce import CLOSE, RELEASE, AnnounceItem, AnnounceQueue
@@ -69,7 +68,7 @@ class Services:
     limiter: RateLimiter
     app: Celery
     task_events: AgentTaskEvents
-    sync_redis: Redis  # for the Redis helpers shared with workers (in a thread)
+    announcements: AnnounceQueue  # synchronous (shared with workers): call it in a thread
 
 
 class JobCancelled(Exception):
@@ -417,13 +416,11 @@ class JobRun:
             self.s.settings.events_ttl_s,
         )
         if left and status != "cancelled":
-            s = self.s.settings
-            queue = AnnounceQueue(self.s.sync_redis, s.announce_debounce_s, s.announce_drain_at)
             for text in left:
                 item = AnnounceItem(
                     kind="text", result=text.decode() if isinstance(text, bytes) else text
                 )
-                await asyncio.to_thread(queue.push, self.session_id, item)
+                await asyncio.to_thread(self.s.announcements.push, self.session_id, item)
 
     def _continue_chain(self, result: dict[str, Any]) -> None:
         """What a Celery worker does after a task of a chain: send the next signature with

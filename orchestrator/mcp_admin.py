@@ -24,7 +24,7 @@ def _scope(agent: str | None, user: str | None) -> tuple[str, str]:
 
 class McpAdmin:
     def __init__(self, store: Store) -> None:
-        self.store = McpStore(store.conn)
+        self.store = McpStore(store)
 
     def add(self, config: dict[str, Any] | str | Path) -> list[str]:
         """Add or replace servers from `mcpServers` JSON (a dict, a JSON string or a file)."""

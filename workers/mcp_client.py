@@ -62,7 +62,8 @@ class Connection:
         self._owner: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
 
-    def _transport(self, stack: AsyncExitStack) -> Any:
+    async def _transport(self, stack: AsyncExitStack) -> Any:
+        """The server's transport; what it needs to be closed with goes on `stack`."""
         from mcp import StdioServerParameters, stdio_client
 
         c = self.config
@@ -74,7 +75,13 @@ class Connection:
             from mcp.client.sse import sse_client
 
             return sse_client(c.url, headers=c.headers)
-        return None  # streamable HTTP: needs an HTTP client entered on the stack first
+        import httpx2  # streamable HTTP takes headers through its HTTP client
+        from mcp.client.streamable_http import streamable_http_client
+
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=c.headers, timeout=httpx2.Timeout(30, read=300))
+        )
+        return streamable_http_client(c.url, http_client=http)
 
     async def _own(self, started: asyncio.Future[None]) -> None:
         """Hold the session until told to stop or until it dies."""
@@ -83,17 +90,7 @@ class Connection:
         self._stop = asyncio.Event()
         try:
             async with AsyncExitStack() as stack:
-                transport = self._transport(stack)
-                if transport is None:
-                    import httpx2
-                    from mcp.client.streamable_http import streamable_http_client
-
-                    http = await stack.enter_async_context(
-                        httpx2.AsyncClient(
-                            headers=self.config.headers, timeout=httpx2.Timeout(30, read=300)
-                        )
-                    )
-                    transport = streamable_http_client(self.config.url, http_client=http)
+                transport = await self._transport(stack)
                 client = await stack.enter_async_context(Client(transport))
                 self.client = client
                 started.set_result(None)
@@ -347,11 +344,11 @@ def manager_for_process(settings: Settings) -> McpManager:
 
         def load() -> list[McpServer]:
             with lock:
-                return McpStore(store.conn).servers(enabled_only=True)
+                return McpStore(store).servers(enabled_only=True)
 
         def on_tools(server: str, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
             with lock:
-                McpStore(store.conn).replace_tools(server, rows)
+                McpStore(store).replace_tools(server, rows)
 
         _manager = McpManager(settings, load, on_tools)
         _manager_pid = os.getpid()

@@ -19,7 +19,7 @@ SCHEMA = {"type": "object", "properties": {"repo_path": {"type": "string"}}}
 def store(isolated: Isolated) -> Iterator[McpStore]:
     base = Store(isolated.database_url)
     base.migrate()
-    mcp = McpStore(base.conn)
+    mcp = McpStore(base)
     for server in parse_servers({"git": {"command": "mcp-server-git"}, "a": {"command": "x"}}):
         mcp.add_server(server)
     mcp.replace_tools("git", [("git_status", "Status", SCHEMA), ("git_commit", "Commit", SCHEMA)])

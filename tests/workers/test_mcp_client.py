@@ -241,7 +241,7 @@ def test_a_call_is_checked_against_the_grants_again_on_the_worker(isolated: Isol
 
     store = Store(isolated.database_url)
     try:
-        McpStore(store.conn).add_server(parse_servers({"time": {"command": "x"}})[0])
+        McpStore(store).add_server(parse_servers({"time": {"command": "x"}})[0])
         row = McpToolRow(
             server="time",
             tool="now",

@@ -44,7 +44,7 @@ class McpTool(Tool[McpInput]):
 
         if ctx.store is None:
             raise ToolError("this worker has no store for MCP grants")
-        mcp = McpStore(ctx.store().conn)
+        mcp = McpStore(ctx.store())
         grants = mcp.grants(ctx.context.agent_id, ctx.context.user_id)
         if not granted(grants, self.mcp_server, self.mcp_tool):  # checked again here
             raise ToolError(f"{self.name} is not granted to this agent or user")
@@ -75,7 +75,7 @@ class McpRegistry(Registry):
             return found
         if self._store is None:
             self._store = Store(self.settings.database_url)
-        row = McpStore(self._store.conn).resolve(name)
+        row = McpStore(self._store).resolve(name)
         if row is None:
             return None
         return tool_class(row, self.settings.mcp_call_timeout_s)()
