@@ -4,7 +4,8 @@ the system Redis and PostgreSQL, in a Redis db and schema of the module's own.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,16 @@ def call(call_id: str, name: str, **input_: object) -> dict[str, Any]:
 def script(*turns: dict[str, Any]) -> dict[str, Any]:
     """A scripted model: each turn is its next reply."""
     return {"turns": list(turns)}
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll `check` until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what or 'not'} within {timeout}s")
 
 
 @dataclass

@@ -9,28 +9,18 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from broker import keys
 from broker.announce import AnnounceItem, AnnounceQueue
-from tests.integration.conftest import Cluster, call, script, start_cluster
+from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     yield from start_cluster(groups=("sessions",), subagent_archive_after_s=1.0)
-
-
-def wait_until(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s")
 
 
 def test_finished_children_are_archived(cluster: Cluster, workspace: Path) -> None:

@@ -18,7 +18,7 @@ import redis
 from broker import keys
 from broker.messages import FINAL_STATUSES
 from broker.presence import live_processes
-from tests.integration.conftest import Cluster, call, script, start_cluster
+from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 LIMIT = 8
 LEASE_S = 2.0
@@ -68,13 +68,11 @@ def children_of(cluster: Cluster, parents: list[str]) -> list[dict[str, Any]]:
 
 
 def settle(cluster: Cluster, parents: list[str], timeout: float) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ended() -> list[dict[str, Any]]:
         rows = children_of(cluster, parents)
-        if rows and all(r["status"] in FINAL_STATUSES for r in rows):
-            return rows
-        time.sleep(0.2)
-    raise AssertionError(f"children still running after {timeout}s")
+        return rows if rows and all(r["status"] in FINAL_STATUSES for r in rows) else []
+
+    return wait_until(ended, timeout, "children ended")  # type: ignore[no-any-return]
 
 
 def test_a_spawn_storm_stays_within_the_limits(cluster: Cluster, workspace: Path) -> None:

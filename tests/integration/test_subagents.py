@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from broker import events, keys
-from tests.integration.conftest import Cluster, call, script, start_cluster
+from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 RATE_LIMIT = 40
 
@@ -42,15 +42,6 @@ def session_jobs(cluster: Cluster, session: str) -> list[dict[str, Any]]:
     return cluster.client.store.conn.execute(
         "SELECT id, status, spec FROM jobs WHERE session_id = %s ORDER BY created_at", (session,)
     ).fetchall()
-
-
-def wait_until(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s")
 
 
 def running_slots(cluster: Cluster) -> int:
