@@ -17,10 +17,8 @@ TIME = str(Path(sys.executable).parent / "mcp-server-time")
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ModelServer]:
-    srv = ModelServer()
-    srv.start()
-    yield srv
-    srv.stop()
+    with ModelServer() as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

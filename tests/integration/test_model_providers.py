@@ -21,10 +21,8 @@ def openai(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ModelServer]:
-    srv = ModelServer()
-    srv.start()
-    yield srv
-    srv.stop()
+    with ModelServer() as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -147,6 +147,13 @@ class ModelServer:
     def start(self) -> None:
         self.thread.start()
 
+    def __enter__(self) -> ModelServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         for reply in self.queued:  # never leave a handler waiting
             reply.release.set()
@@ -157,10 +164,8 @@ class ModelServer:
 
 @pytest.fixture
 def model_server() -> Iterator[ModelServer]:
-    server = ModelServer()
-    server.start()
-    yield server
-    server.stop()
+    with ModelServer() as server:
+        yield server
 
 
 @pytest.fixture
