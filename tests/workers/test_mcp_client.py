@@ -67,6 +67,14 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path / "repo"
 
 
+def server_pids() -> list[int]:
+    """The mcp-server-time processes this test process started (over stdio)."""
+    found = subprocess.run(
+        ["pgrep", "-P", str(os.getpid()), "-f", "mcp-server-time"], capture_output=True, text=True
+    )
+    return [int(p) for p in found.stdout.split()]
+
+
 class Harness:
     """A manager on given servers, recording the catalog it would store."""
 
@@ -126,10 +134,7 @@ def test_a_killed_server_is_reconnected(harness: Any) -> None:
         mcp_reconnect_max_s=0.5,
     )
     h.call("time", "get_current_time", timezone="UTC")
-    found = subprocess.run(
-        ["pgrep", "-P", str(os.getpid()), "-f", "mcp-server-time"], capture_output=True, text=True
-    )
-    (pid,) = [int(p) for p in found.stdout.split()]
+    (pid,) = server_pids()
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)
     with pytest.raises(McpError, match="closed during get_current_time; it is being reconnected"):
@@ -145,14 +150,6 @@ def test_the_health_check_reconnects_a_dead_server_without_a_call(harness: Any) 
         mcp_reconnect_initial_s=0.1,
     )
     h.call("time", "get_current_time", timezone="UTC")
-
-    def server_pids() -> list[int]:
-        found = subprocess.run(
-            ["pgrep", "-P", str(os.getpid()), "-f", "mcp-server-time"],
-            capture_output=True,
-            text=True,
-        )
-        return [int(p) for p in found.stdout.split()]
 
     (first,) = server_pids()
     os.kill(first, signal.SIGKILL)
