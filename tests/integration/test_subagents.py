@@ -322,3 +322,48 @@ def test_a_job_queued_in_the_session_gets_the_announcement(
     assert cluster.client.job("queued-job-0001").wait(timeout=60).final_text == "second done"
     texts = [r["content"].get("text") for r in cluster.client.store.transcript(first.id, 20)]
     assert texts[-3:] == ["second", "[subagent late completed]\nnews", "second done"]
+
+
+def test_cancel_by_id_from_a_later_job_of_the_session(cluster: Cluster, workspace: Path) -> None:
+    """A child's id is only known once it exists: a later job of the parent's session (as
+    an announcement or a user would start) cancels it by that id."""
+    from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
+
+    parent = cluster.client.submit(
+        "start two",
+        workspace=str(workspace),
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        call(f"s{n}", "sessions_spawn", task="work", label=f"w{n}") for n in (1, 2)
+                    ]
+                },
+                {"text": "started"},
+            ],
+            "subagents": {"*": sleeper(30)},
+        },
+    )
+    parent.wait(timeout=60)
+    first, second = sorted(parent.subagents(), key=lambda s: s.label)
+    later = JobSpec(
+        prompt="stop w1",
+        workspace=str(workspace),
+        script=script(
+            {"tool_calls": [call("k", "subagents", action="cancel", target=first.id)]},
+            {"tool_calls": [call("k2", "subagents", action="cancel", target="all")]},
+            {"text": "stopped"},
+        ),
+    )
+    cluster.client.store.create_job("later-job-0001", session_id=parent.id, spec=later)
+    cluster.client.app.send_task(
+        AGENT_RUN_TASK,
+        kwargs={"job_id": "later-job-0001"},
+        queue=AGENTS_QUEUE,
+        task_id="later-job-0001",
+    )
+    k, k2 = cluster.client.job("later-job-0001").wait(timeout=60).tool_calls
+    assert k.output == f"cancelled 1 subagent(s): w1 ({first.id})"
+    assert cluster.client.job(first.id).result().status == "cancelled"
+    assert k2.output == f"cancelled 1 subagent(s): w2 ({second.id})"  # only w2 was left
+    wait_until(lambda: running_slots(cluster) == 0, timeout=10)
