@@ -214,7 +214,6 @@ HARMLESS = [
     "rm -rf ./build",
     "rm -r tmp/*",
     "rm -rf src/../build",
-    "find . -type f -delete",
     "find build -delete",
     "chmod -R 755 build",
     "chown -R me:me .",

@@ -25,6 +25,53 @@ scrub = Scrubber(["hunter2-literal"])
         ("redis://:topsecret99@cache:6379/0", "topsecret99"),
         ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "MIIEow"),
         ("the value is hunter2-literal.", "hunter2-literal"),
+        # round 2: formats from the maintained rule set (detect-secrets) and its supplement
+        (
+            "SLACK_BOT=" + "xoxb-" + "123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+            "AbCdEfGhIjKlMnOpQrStUvWx",
+        ),
+        (
+            "user token " + "xoxp-" + "1234567890-1234567890-1234567890-abcdef0123456789",
+            "abcdef0123456789",
+        ),
+        ("app " + "xapp-" + "1-A0123456789-1234567890123-0123456789abcdef0123", "0123456789abcdef"),
+        (
+            "hook https://hooks.slack.com/services/" + "T0123ABCD/B0123ABCD/abcdefABCDEF0123456789",
+            "abcdefABCDEF0123456789",
+        ),
+        ("stripe " + "sk_" + "live_" + "51H0aBcDeFgHiJkLmNoPqRsT", "51H0aBcDeFgHiJkLmNoPqRsT"),
+        ("stripe " + "sk_" + "test_" + "4eC39HqLyjWDarjtT1zdp7dc", "4eC39HqLyjWDarjtT1zdp7dc"),
+        ("restricted " + "rk_" + "live_" + "0123456789abcdefABCDEFGH", "0123456789abcdefABCDEFGH"),
+        ("maps key " + "AIza" + "SyA-1234567890abcdefghijklmnopqrstu", "SyA-1234567890abcdef"),
+        ("gitlab " + "glpat-" + "xYz0123456789abcdefAB", "xYz0123456789abcdefAB"),
+        ("npm " + "npm_" + "abcdefghijklmnopqrstuvwxyz0123456789", "abcdefghijklmnopqrstuvwxyz"),
+        (
+            "//registry.npmjs.org/:_authToken=" + "01234567-89ab-cdef-0123-456789abcdef",
+            "01234567-89ab-cdef-0123-456789abcdef",
+        ),
+        ("sendgrid " + "SG." + "abcdefghijklmnopqrstuv" + "." + "A" * 43, "A" * 43),
+        ("twilio sid " + "AC" + "0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789"),
+        ("twilio key " + "SK" + "0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789"),
+        (
+            "jwt "
+            + "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
+            + ".eyJzdWIiOiIxMjM0NTY3ODkwIn0"
+            + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0T",
+        ),
+        ("Authorization: Basic " + "dXNlcjpodW50ZXIyaHVudGVyMg==", "dXNlcjpodW50ZXIyaHVudGVyMg=="),
+        ("authorization: token " + "0123456789abcdef0123456789", "0123456789abcdef0123456789"),
+        ('{"user": "ann", "password": "correct horse battery"}', "correct horse battery"),
+        ('{"client_secret":"s3cr3t-v@lue"}', "s3cr3t-v@lue"),
+        ('{"accessToken": "abc.def.ghi.jkl"}', "abc.def.ghi.jkl"),
+        ("mongodb+srv://app:Sup3rS3cret@cluster0.mongodb.net/db", "Sup3rS3cret"),
+        ("Server=db;Database=x;User Id=app;Password=Pa55w0rd!x;", "Pa55w0rd!x"),
+        ("jdbc:mysql://db:3306/x?user=app&password=Pa55w0rd99", "Pa55w0rd99"),
+        ("amqp://guest:gu3stpass@rabbit:5672//", "gu3stpass"),
+        (
+            "bot " + "123456789:" + "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsawQ",
+            "AAHdqTcvCH1vGWJxfSeofSAs0K5",
+        ),
     ],
 )
 def test_secrets_are_redacted(text: str, secret: str) -> None:
@@ -42,10 +89,34 @@ def test_secrets_are_redacted(text: str, secret: str) -> None:
         "authorization is required for this endpoint",
         "skeleton keys and sk-short",
         "postgresql://localhost:5432/db",
+        "Put your Slack bot token in SLACK_BOT_TOKEN, never in the code.",
+        "The password must be rotated every 90 days.",
+        "Use token-based auth or a password, whichever the server supports.",
+        "A JWT is a JSON Web Token; Stripe keys start with sk_live_ or sk_test_.",
+        "Authorization: see the docs",
+        "basic auth is off; bearer tokens are on",
+        "the API key lives in the vault",
+        '{"token_type": "bearer", "expires_in": 3600}',
+        '{"password": ""}',
+        "commit 3f2a9c1d0e7b6a5f4e3d2c1b0a9f8e7d6c5b4a39 fixes the token refresh",
+        "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        "export PATH=/usr/local/bin:/usr/bin",
     ],
 )
 def test_prose_is_left_alone(text: str) -> None:
     assert scrub(text) == text
+
+
+def test_a_narrow_vendor_match_redacts_the_whole_token() -> None:
+    token = "xoxb-" + "1234-5678-AbCdEfGhIjKlMnOp"  # the rule set matches only `xoxb-1234-5678`
+    assert scrub(f"token={token} end") == f"token={REDACTED} end"
+    assert scrub(f"see {token}.") == f"see {REDACTED}."
+
+
+def test_a_calls_own_literals_extend_the_scrubber() -> None:
+    extended = scrub.extended(["per-call-value-42"])
+    assert extended("x per-call-value-42 hunter2-literal") == f"x {REDACTED} {REDACTED}"
+    assert scrub("per-call-value-42") == "per-call-value-42"
 
 
 def test_the_processs_own_secrets_are_known() -> None:

@@ -46,6 +46,43 @@ def test_wrappers_redirects_assignments_and_computed_names() -> None:
     assert nohup.wrapper and not make.wrapper
 
 
+def test_a_redirect_after_a_list_or_pipeline_belongs_to_its_last_command() -> None:
+    cd, echo = parse_shell("cd sub && echo x > ../f < in").commands
+    assert cd.writes_to == () and cd.reads_from == ()
+    assert echo.writes_to == ("../f",) and echo.reads_from == ("in",) and echo.cwd == "sub"
+    a, b = parse_shell("a | b > f").commands
+    assert a.writes_to == () and b.writes_to == ("f",)
+    grouped = parse_shell("{ a; b; } > f").commands
+    assert [c.writes_to for c in grouped] == [("f",), ("f",)]
+
+
+def test_cd_moves_later_commands_but_not_out_of_a_subshell() -> None:
+    parsed = parse_shell("cd a; (cd b; x); y | (cd c); z; pushd d; w; popd; v")
+    where = {c.text: c.cwd for c in parsed.commands}
+    assert where == {
+        "cd a": ".",
+        "cd b": "a",
+        "x": "a/b",
+        "y": "a",
+        "cd c": "a",
+        "z": "a",
+        "pushd d": "a",
+        "w": "a/d",
+        "popd": "a/d",
+        "v": "a",
+    }
+
+
+def test_ansi_c_quoting_brace_expansion_and_wrappers_are_undone() -> None:
+    assert parse_shell("$'\\x72m' -rf $'\\057'").commands[0].argv == ("rm", "-rf", "/")
+    assert parse_shell("rm -rf {a,b}/c").commands[0].argv == ("rm", "-rf", "a/c", "b/c")
+    assert parse_shell("echo '{a,b}'").commands[0].argv == ("echo", "{a,b}")
+    assert [c.text for c in parse_shell("busybox rm x").commands] == ["busybox rm x", "rm x"]
+    found = [c.text for c in parse_shell("find . -exec rm {} \\; -ok ls {} +").commands]
+    assert found == ["find . -exec rm {} ; -ok ls {} +", "rm {}", "ls {}"]
+    assert parse_shell("echo a | xargs rm").commands[-1].stdin_args
+
+
 @pytest.mark.parametrize("line", ["echo 'unterminated", "if then fi (", "x" * 10_001])
 def test_lines_that_cannot_be_judged_say_so(line: str) -> None:
     parsed = parse_shell(line)

@@ -26,8 +26,9 @@ from pydantic import Field, model_validator
 
 from broker.messages import Group
 from broker.settings import Settings
-from workers.safety import judge_line
+from workers.safety import judge_line, unknown_targets
 from workers.sandbox import Sandbox, SandboxError
+from workers.shell import parse_shell
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import workspace
 
@@ -97,8 +98,15 @@ class Process(Tool[ProcessInput]):
         return args.action in ("list", "read")
 
     def permission_check(self, args: ProcessInput, workspace: str) -> tuple[Permission, str] | None:
-        if args.action == "start" and args.command and (finding := judge_line(args.command)):
+        if args.action != "start" or not args.command:
+            return None
+        if finding := judge_line(args.command, args.working_dir):
             return "deny", finding.message()
+        parsed = parse_shell(args.command, args.working_dir)
+        if not parsed.ok:
+            return "ask", f"{parsed.error}, so it cannot be checked against the rules"
+        if reason := unknown_targets(parsed):
+            return "ask", reason
         return None
 
     def run(self, args: ProcessInput, ctx: ToolContext) -> ToolResult:
@@ -124,7 +132,7 @@ class Process(Tool[ProcessInput]):
         return send_signal(state, args.signal, ctx.sandbox)
 
     def start(self, args: ProcessInput, ctx: ToolContext, home: Path) -> ToolResult:
-        if finding := judge_line(args.command or ""):  # the queue is a trust boundary
+        if finding := judge_line(args.command or "", args.working_dir):  # a trust boundary
             raise ToolError(finding.message())
         cwd = workspace(ctx).resolve(args.working_dir)
         running = [p for p in _states(home) if not (p / "code").exists()]

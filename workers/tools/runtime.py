@@ -21,7 +21,7 @@ from pydantic import Field
 from broker.messages import Group
 from broker.settings import Settings
 from workers.paths import PROTECTED_DIRS
-from workers.safety import judge_line
+from workers.safety import judge_line, unknown_targets
 from workers.sandbox import Sandbox, SandboxError
 from workers.shell import ParsedShell, SimpleCommand, command_pattern, parse_shell
 from workers.tool import (
@@ -87,7 +87,7 @@ class Exec(Tool[ExecInput]):
             and bool(judged)
             and all(
                 not (c.assignments or c.dynamic_name)
-                and all(_stays_inside(t) for t in c.writes_to)
+                and all(_stays_inside(c.resolve(t)) for t in c.writes_to)
                 and any(p.fullmatch(c.text) for p in patterns)
                 for c in judged
             )
@@ -100,18 +100,20 @@ class Exec(Tool[ExecInput]):
         return parsed.ok and bool(judged) and all(_read_only(c) for c in judged)
 
     def permission_check(self, args: ExecInput, workspace: str) -> tuple[Permission, str] | None:
-        if finding := judge_line(args.command):
+        if finding := judge_line(args.command, args.working_dir):
             return "deny", finding.message()
         parsed = _judged(args)
         if not parsed.ok:
             return "ask", f"{parsed.error}, so it cannot be checked against the rules"
         if any(c.dynamic_name for c in parsed.commands):
             return "ask", "a command name is computed at run time"
+        if reason := unknown_targets(parsed):
+            return "ask", reason
         return None
 
     def protected_paths(self, args: ExecInput, workspace: str) -> list[str]:
         parsed = _judged(args)
-        targets = [t for c in parsed.commands for t in c.writes_to]
+        targets = [c.resolve(t) for c in parsed.commands for t in c.writes_to]
         return [t for t in targets if any(p in PROTECTED_DIRS for p in Path(t).parts)]
 
     def rules_for(self, args: ExecInput, workspace: str) -> list[str]:
@@ -125,7 +127,7 @@ class Exec(Tool[ExecInput]):
         return min(args.timeout_s or default, settings.exec_max_timeout_s)
 
     def run(self, args: ExecInput, ctx: ToolContext) -> ToolResult:
-        if finding := judge_line(args.command):  # again here: the queue is a trust boundary
+        if finding := judge_line(args.command, args.working_dir):  # the queue is a trust boundary
             raise ToolError(finding.message())
         ws = workspace(ctx)
         cwd = ws.resolve(args.working_dir)
@@ -327,7 +329,7 @@ def _stays_inside(target: str) -> bool:
 
 
 def _judged(args: ExecInput) -> ParsedShell:
-    return parse_shell(args.command)
+    return parse_shell(args.command, args.working_dir)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
