@@ -5,6 +5,7 @@
 (b) calls per second through one worker process, clawq vs bare Celery;
 (c) 1,000 concurrent scripted jobs (3 turns with one call each, then a final answer) on
     one orchestrator process: wall time, p99 call latency, orchestrator peak RSS.
+... and (d) to (h) below; (l), the cost of confinement, is `bench/confinement.py`.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -31,6 +32,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
+from bench import confinement
 from broker import keys
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
@@ -700,6 +702,7 @@ def main() -> None:
         for n, rate in rows:
             table.add_row(str(n), f"{rate:.1f}", f"{rate / base:.2f}x", f"{rate / (base * n):.2f}")
         console.print(table)
+        confinement.run(console)
     finally:
         bench.close()
 

@@ -47,6 +47,7 @@ class CallContext(BaseModel):
     hidden_paths: list[str] = Field(
         default_factory=list, description="workspace globs that read tools must not read"
     )
+    network: bool = Field(False, description="confined commands may use the network")
 
 
 class CallEnvelope(BaseModel):

@@ -98,6 +98,34 @@ class Settings(BaseSettings):
     mcp_reconnect_attempts: int = Field(10, ge=1, description="then the server is failed")
     mcp_output_cap_chars: int = Field(100_000, ge=1000, description="of one result")
 
+    # confinement of host commands (workers/confine.py); the Docker sandbox is stronger
+    exec_confinement: Literal["auto", "bwrap", "none"] = Field(
+        "auto", description="auto: bubblewrap where it works, else unconfined with a warning"
+    )
+    exec_bwrap_path: str = Field("bwrap", description="the bubblewrap binary")
+    exec_network: bool = Field(
+        False, description="confined commands get the host's network (else an allow rule)"
+    )
+    exec_hidden_paths: list[str] = Field(
+        default_factory=lambda: [
+            "/root",
+            "/home",
+            "/run",
+            "/var/run",
+            "/etc/shadow",
+            "/etc/gshadow",
+            "/etc/ssh",
+            "/etc/clawq",
+            "/var/lib/postgresql",
+            "/var/lib/redis",
+            "/var/lib/mysql",
+            "/var/lib/rabbitmq",
+            "/var/lib/docker",
+            "/var/lib/containers",
+        ],
+        description="hidden from confined commands, with the worker's home and clawq's state",
+    )
+
     # the Docker sandbox for exec (off: commands run on the worker's host)
     sandbox_enabled: bool = False
     sandbox_docker_url: str = Field("", description="Docker API; empty: DOCKER_HOST or the default")

@@ -165,12 +165,12 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report))
         return
-    table = Table("kind", "queue", "process", "node")
+    table = Table("kind", "queue", "process", "node", "confinement")
     for p in report["orchestrators"]:
-        table.add_row("orchestrator", "agents", p["id"], "")
+        table.add_row("orchestrator", "agents", p["id"], "", "")
     for queue, procs in report["queues"].items():
         for p in procs:
-            table.add_row("worker", queue, p["id"], p.get("node", ""))
+            table.add_row("worker", queue, p["id"], p.get("node", ""), p.get("confinement", ""))
     Console().print(table)
 
 

@@ -38,7 +38,7 @@ from orchestrator.conversation import Message, ToolCall, ToolResultBlock
 from orchestrator.dispatch import Dispatcher, cancelled_outcome
 from orchestrator.gate import Gate, Ready, Refused
 from orchestrator.hooks import Hooks
-from orchestrator.permissions import exec_approvals, hidden_paths, job_rules
+from orchestrator.permissions import exec_approvals, hidden_paths, job_rules, network_allowed
 from orchestrator.policy import PolicyEngine, PolicyError
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.rules import RuleError
@@ -109,6 +109,7 @@ class JobRun:
         job = PermissionRules(allow=spec.allow, ask=spec.ask, deny=spec.deny)
         self.rules = job_rules(s.settings, job, spec.agent_id, spec.user_id)
         self.hidden = hidden_paths(self.rules, spec.workspace)
+        self.network = network_allowed(s.settings, self.rules)
         self.tools = sorted(visible)
         self.gate = Gate(
             self.job_id,
@@ -322,6 +323,7 @@ class JobRun:
                     ),
                     writable_paths=ready.writable,
                     hidden_paths=self.hidden,
+                    network=self.network,
                 ),
                 timeout_s=timeout,
                 deadline=time.time() + self.s.settings.visibility_timeout_s,

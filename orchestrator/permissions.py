@@ -129,6 +129,18 @@ def decide(
     return Decision(default, "default", f"{tool.name} defaults to {default}", tool.name)
 
 
+NETWORK_RULE = "network"
+
+
+def network_allowed(settings: Settings, rules: list[Rule]) -> bool:
+    """Whether this job's confined commands get the network: the setting, or an allow
+    rule `network` from any source, and no deny rule `network` (deny is final)."""
+    named = [r for r in rules if r.tool == NETWORK_RULE and r.specifier is None]
+    if any(r.kind == "deny" for r in named):
+        return False
+    return settings.exec_network or any(r.kind == "allow" for r in named)
+
+
 def hidden_paths(rules: list[Rule], workspace: str) -> list[str]:
     """Workspace globs that deny or ask rules on read tools keep from directory walks."""
     out = []

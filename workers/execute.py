@@ -25,6 +25,7 @@ from broker.messages import CallEnvelope, CallOutcome
 from broker.presence import Heartbeat, process_id
 from broker.settings import Settings
 from broker.store import Store
+from workers import confine
 from workers.registry import Registry
 from workers.sandbox import Sandbox, SandboxError
 from workers.scrub import Scrubber, secrets_of
@@ -54,10 +55,13 @@ class WorkerRuntime:
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
         client = redis.Redis.from_url(settings.redis_url)
         proc_id = process_id("worker")
+        info = {"kind": "worker", "queue": queue, "node": node}
+        if queue == "runtime":
+            info["confinement"] = confine.describe(confine.for_settings(settings))
         heartbeat = Heartbeat(
             client,
             proc_id,
-            {"kind": "worker", "queue": queue, "node": node},
+            info,
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
         )

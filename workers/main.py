@@ -8,6 +8,7 @@ import socket
 from broker.celery_app import create_app
 from broker.messages import Group
 from broker.settings import Settings
+from workers import confine
 from workers.registry import Registry
 from workers.tasks import register_tool_tasks
 from workers.tools.process import host_queue
@@ -32,6 +33,7 @@ def run_worker(
     queues = [group]
     if group == Group.runtime.value:  # calls about a host's background processes
         queues.append(host_queue(socket.gethostname()))
+        confine.for_settings(settings)  # probed (and warned about) once, before the fork
     app.worker_main(
         [
             "worker",

@@ -7,12 +7,17 @@ records the exit code. Its whole state is a directory any worker on the host can
 With the sandbox on, the command runs in the session's container through an attached
 exec, and the same directory holds where it runs.
 
-    python -m workers.procsup DIR CAP  (DIR holds `cmd` and `cwd`, and for the sandbox
-    `sandbox_key` and `workspace`)
+    python -m workers.procsup DIR CAP  (DIR holds `cmd`, `cwd` and the host `argv`, or
+    for the sandbox `sandbox_key` and `workspace`)
+
+Under bubblewrap the recorded pid is that of the command's PID namespace's first process
+(bubblewrap reports it on `--info-fd`): it leads the command's process group, so a signal
+to the group reaches the command's tree, and SIGKILL ends the whole namespace.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 CHUNK = 65536
+INFO_FD = 63  # where bubblewrap writes the pid of the command's namespace (see argv)
 
 
 class Sink:
@@ -61,21 +67,45 @@ def supervise(state: Path, cap: int) -> int:
 
 def _on_host(state: Path, stdin: int, sink: Sink) -> int:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME")}
+    argv = json.loads((state / "argv").read_text())
+    reports = "--info-fd" in argv
+    if reports:
+        info, write_end = os.pipe()
+        os.dup2(write_end, INFO_FD)
+        os.close(write_end)
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", (state / "cmd").read_text()],
+        argv,
         cwd=(state / "cwd").read_text(),
         env=env,
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        pass_fds=(INFO_FD,) if reports else (),
     )
     os.close(stdin)
-    (state / "pid").write_text(str(proc.pid))
+    pid = proc.pid
+    if reports:
+        os.close(INFO_FD)
+        pid = _namespace_pid(info) or pid
+    (state / "pid").write_text(str(pid))
     assert proc.stdout is not None
     while chunk := proc.stdout.read1(CHUNK):  # type: ignore[attr-defined]
         sink.write(chunk)
     return proc.wait()
+
+
+def _namespace_pid(info: int) -> int | None:
+    """bubblewrap's `child-pid` from its info fd; None if it failed before reporting."""
+    data = b""
+    with os.fdopen(info, "rb") as stream:
+        while chunk := stream.read1(4096):
+            data += chunk
+            try:
+                return int(json.loads(data)["child-pid"])
+            except (ValueError, KeyError):
+                continue
+    return None
 
 
 def _in_sandbox(state: Path, stdin: int, sink: Sink) -> int:

@@ -200,3 +200,31 @@ def test_dangerous_command_from_the_model_leaves_its_target_untouched(
         assert c.is_error and c.output.startswith("blocked (destructive file operation): `rm")
     denied = [e.data for e in job.events() if e.type == "tool_call_denied"]
     assert [(d["call_id"], d["layer"]) for d in denied] == [("rm", "tool"), ("sh", "tool")]
+
+
+def test_the_network_of_a_confined_command_is_the_jobs_to_allow(
+    cluster: Cluster, workspace: Path
+) -> None:
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    probe = (
+        'python3 -c \'import socket; socket.create_connection(("127.0.0.1", '
+        f'{port}), timeout=3); print("connected")\''
+    )
+    try:
+        runs = {}
+        for allow in (["exec"], ["exec", "network"]):
+            job = cluster.client.submit(
+                "probe",
+                workspace=str(workspace),
+                allow=allow,
+                script=script({"tool_calls": [call("p", "exec", command=probe)]}, {"text": "ok"}),
+            )
+            (only,) = job.wait(timeout=60).tool_calls
+            runs[len(allow)] = only
+    finally:
+        server.close()
+    assert runs[1].is_error and "connected" not in runs[1].output
+    assert not runs[2].is_error and "connected" in runs[2].output

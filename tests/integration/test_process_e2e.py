@@ -3,15 +3,15 @@ queue, and the session's processes are killed when its job ends."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from tests.integration.conftest import Cluster, call
+from tests.processes import gone_within, token, wait_for_pids
 
 
 def test_background_process_lives_with_its_session(cluster: Cluster, workspace: Path) -> None:
-    pidfile = workspace / "server.pid"
+    mark = token()
 
     job = cluster.client.submit(
         "serve",
@@ -25,7 +25,7 @@ def test_background_process_lives_with_its_session(cluster: Cluster, workspace: 
                             "start",
                             "process",
                             action="start",
-                            command="echo $$ > server.pid; while read l; do echo got:$l; done",
+                            command=f"sleep {mark} & while read l; do echo got:$l; done",
                         )
                     ]
                 },
@@ -40,6 +40,7 @@ def test_background_process_lives_with_its_session(cluster: Cluster, workspace: 
             ]
         },
     )
+    wait_for_pids(mark, seconds=30)  # alive while the session is
     result = job.wait(timeout=60)
     by_id = {c.id: c for c in result.tool_calls}
     assert result.status == "completed", result
@@ -47,15 +48,7 @@ def test_background_process_lives_with_its_session(cluster: Cluster, workspace: 
     assert "got:ping" in by_id["read"].output and "[still running]" in by_id["read"].output
     assert "running" in by_id["sleep"].output
     assert by_id["start"].queue == "runtime"
-    pid = int(pidfile.read_text())
-    for _ in range(100):  # the job ended: its session's processes are killed within seconds
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the session's process outlived its job")
+    gone_within(mark, 10.0)  # the job ended: its session's processes are killed within seconds
 
 
 def test_calls_about_a_process_reach_its_hosts_queue(cluster: Cluster, workspace: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from orchestrator.client import Job
-from tests.integration.conftest import Cluster, start_cluster
+from tests.integration.conftest import Cluster, start_cluster, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +23,20 @@ def cluster() -> Iterator[Cluster]:
     )
 
 
-def running_pid(cluster: Cluster, job: Job, timeout: float = 20) -> int:
-    """The pid of the process executing the job's only call, once it has started."""
+def running_pid(
+    cluster: Cluster, job: Job, timeout: float = 20, exclude: frozenset[int] = frozenset()
+) -> int:
+    """The pid of the process executing the job's only call, once it has started (and
+    is not one of `exclude`)."""
     client = redis.Redis.from_url(cluster.iso.redis_url)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
             for key in client.scan_iter(match=f"clawq:call:{job.id}:*"):
                 status, proc = client.hmget(key, ["status", "proc"])
-                if status == b"running" and proc:
-                    return int(proc.decode().rsplit(":", 1)[1])
+                pid = int(proc.decode().rsplit(":", 1)[1]) if proc else 0
+                if status == b"running" and pid and pid not in exclude:
+                    return pid
             time.sleep(0.05)
     finally:
         client.close()
@@ -65,8 +69,21 @@ def test_killed_executor_process_is_redelivered(cluster: Cluster, workspace: Pat
     assert (workspace / "runs.txt").read_text() == "finished\n"  # the killed run never wrote
 
 
+def runs(workspace: Path) -> int:
+    path = workspace / "runs.txt"
+    return path.read_text().count("run") if path.exists() else 0
+
+
 def test_poison_call_stops_at_the_delivery_cap(cluster: Cluster, workspace: Path) -> None:
-    job = exec_job(cluster, workspace, "echo run >> runs.txt; kill -9 $PPID; sleep 5")
+    # the call's worker process dies every time it runs it (a command cannot kill its
+    # worker from inside the confinement, so the test does it, as a crash would)
+    job = exec_job(cluster, workspace, "echo run >> runs.txt; sleep 30")
+    killed: set[int] = set()
+    for _ in range(2):
+        pid = running_pid(cluster, job, exclude=frozenset(killed))
+        wait_until(lambda: runs(workspace) > len(killed), what="the command running again")
+        os.kill(pid, signal.SIGKILL)
+        killed.add(pid)
     result = job.wait(timeout=90)
     assert result.status == "completed"
     (only,) = result.tool_calls

@@ -8,7 +8,14 @@ import pytest
 
 from broker.policy_config import PermissionRules
 from broker.settings import Settings
-from orchestrator.permissions import Decision, HookVerdict, decide, hidden_paths, job_rules
+from orchestrator.permissions import (
+    Decision,
+    HookVerdict,
+    decide,
+    hidden_paths,
+    job_rules,
+    network_allowed,
+)
 from orchestrator.rules import Rule, RuleError, rules_from
 from workers.registry import default_registry
 
@@ -39,9 +46,11 @@ EXEC_CASES = [
     ("git status; rm notes.txt", ["exec(git status *)", "exec(rm *)"], [], "allow"),
     ("git status | tee out", ["exec(git status *)"], [], "ask"),
     ("git status > out.txt", ["exec(git status *)"], [], "allow"),
-    ("git status > /etc/motd", ["exec(git status *)"], [], "ask"),
-    ("git status >> ../../x", ["exec(git status *)"], [], "ask"),
-    ("git status > $HOME/x", ["exec(git status *)"], [], "ask"),
+    # a write outside the workspace is refused by shell safety, whatever allows it
+    ("git status > /etc/motd", ["exec(git status *)"], [], "deny"),
+    ("git status >> ../../x", ["exec(git status *)"], [], "deny"),
+    ("git status > $HOME/x", ["exec(git status *)"], [], "deny"),
+    ("cd sub && git status > ../out.txt", ["exec(git status *)", "exec(cd *)"], [], "allow"),
     ("git status 2>/dev/null", ["exec(git status *)"], [], "allow"),
     ("FOO=1 git status", ["exec(git status *)"], [], "ask"),
     ("echo $(rm notes.txt)", ["exec(echo *)"], [], "ask"),
@@ -211,3 +220,22 @@ def test_exec_approval_modes(security: str, ask: str, command: str, expected: st
     args = tool.input_model.model_validate({"command": command})
     defaults = exec_approvals(settings)[1]
     assert decide(tool, args, rules, "default", WS, None, defaults).behavior == expected
+
+
+@pytest.mark.parametrize(
+    ("setting", "job", "managed", "expected"),
+    [
+        (False, [], [], False),
+        (False, ["network"], [], True),
+        (True, [], [], True),
+        (True, [], ["network"], False),  # a deny is final, even over the setting
+        (False, ["network"], ["network"], False),
+        (False, ["network(example.com)"], [], False),  # only the bare rule
+    ],
+)
+def test_network_for_confined_commands_is_a_setting_and_a_rule(
+    setting: bool, job: list[str], managed: list[str], expected: bool
+) -> None:
+    settings = Settings(exec_network=setting, permissions=PermissionRules(deny=managed))
+    rules = job_rules(settings, PermissionRules(allow=job))
+    assert network_allowed(settings, rules) is expected

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,21 @@ from workers.tool import ToolContext, ToolResult
 class Runner:
     """Calls a tool in-process exactly as a worker does: validate, then run."""
 
-    def __init__(self, workspace: Path, settings: Settings) -> None:
+    def __init__(self, workspace: Path, settings: Settings, network: bool = False) -> None:
         self.workspace = workspace
         self.settings = settings
         self.registry = default_registry()
         self.writable: list[str] = []
+        self.network = network
+        self.cancelled: Callable[[], str | None] = lambda: None
 
     def __call__(self, name: str, **raw: Any) -> ToolResult:
         ctx = ToolContext(
-            context=CallContext(workspace=str(self.workspace), writable_paths=self.writable),
+            context=CallContext(
+                workspace=str(self.workspace), writable_paths=self.writable, network=self.network
+            ),
             settings=self.settings,
+            cancelled=self.cancelled,
         )
         return execute_tool(self.registry, name, raw, ctx)
 

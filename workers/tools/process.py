@@ -26,11 +26,13 @@ from pydantic import Field, model_validator
 
 from broker.messages import Group
 from broker.settings import Settings
+from workers.procsup import INFO_FD
 from workers.safety import judge_line, unknown_targets
 from workers.sandbox import Sandbox, SandboxError
 from workers.shell import parse_shell
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import workspace
+from workers.tools.runtime import host_argv
 
 SIGNALS = {
     "TERM": signal.SIGTERM,
@@ -146,7 +148,10 @@ class Process(Tool[ProcessInput]):
         state.mkdir(parents=True)
         (state / "cmd").write_text(args.command or "")
         (state / "cwd").write_text(cwd)
-        if ctx.settings.sandbox_enabled:  # run it in the session's container
+        if not ctx.settings.sandbox_enabled:  # on this host, confined as exec is
+            argv, _ = host_argv(ctx, workspace(ctx).root, cwd, args.command or "", INFO_FD)
+            (state / "argv").write_text(json.dumps(argv))
+        else:  # run it in the session's container
             (state / "sandbox_key").write_text(ctx.context.sandbox_key or session_of(ctx))
             (state / "workspace").write_text(workspace(ctx).root)
             sandbox_settings = {

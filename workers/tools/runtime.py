@@ -20,6 +20,7 @@ from pydantic import Field
 
 from broker.messages import Group
 from broker.settings import Settings
+from workers import confine
 from workers.paths import PROTECTED_DIRS
 from workers.safety import judge_line, unknown_targets
 from workers.sandbox import Sandbox, SandboxError
@@ -140,10 +141,22 @@ class Exec(Tool[ExecInput]):
                 raise ToolError("the sandbox is enabled but this worker has none; not running")
             done = _in_sandbox(ctx.sandbox, ctx, ws.root, cwd, args.command, timeout)
         else:
-            done = _on_host(
-                cwd, args.command, timeout, ctx.settings.exec_output_cap_bytes, ctx.cancelled
-            )
+            argv, where = host_argv(ctx, ws.root, cwd, args.command)
+            cap = ctx.settings.exec_output_cap_bytes
+            done = _on_host(argv, cwd, timeout, cap, ctx.cancelled, where)
         return _result(args.command, done, timeout, time.monotonic() - started)
+
+
+def host_argv(
+    ctx: ToolContext, root: str, cwd: str, command: str, info_fd: int | None = None
+) -> tuple[list[str], str]:
+    """How `command` runs on this host (confined or not), and where that is, for results."""
+    confinement = confine.for_settings(ctx.settings)
+    try:
+        argv = confinement.argv(command, root, cwd, ctx.context.network, info_fd)
+    except confine.ConfinementError as exc:
+        raise ToolError(str(exc)) from exc
+    return argv, "host (bwrap)" if confinement.confined else "host"
 
 
 CANCEL_POLL_S = 0.2  # how often a running command looks for a cancel
@@ -159,16 +172,28 @@ class _Done:
     cancelled: str | None = None
 
 
-def _on_host(
-    cwd: str, command: str, timeout: float, cap: int, cancelled: Callable[[], str | None]
-) -> _Done:
+def command_env(cwd: str) -> dict[str, str]:
+    """The environment of a host command: the short inherited list, no worker secrets."""
     env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["PWD"] = cwd
+    return env
+
+
+def _on_host(
+    argv: list[str],
+    cwd: str,
+    timeout: float,
+    cap: int,
+    cancelled: Callable[[], str | None],
+    where: str,
+) -> _Done:
+    """Run `argv` in its own process group; a timeout or a cancel kills the group (under
+    bubblewrap, killing it tears down the command's whole PID namespace)."""
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
+        argv,
         cwd=cwd,
-        env=env,
+        env=command_env(cwd),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -197,7 +222,7 @@ def _on_host(
     out.join()
     err.join()
     code = None if timed_out or stopped else proc.returncode
-    return _Done(code, out.text(), err.text(), timed_out, "host", stopped)
+    return _Done(code, out.text(), err.text(), timed_out, where, stopped)
 
 
 def _in_sandbox(

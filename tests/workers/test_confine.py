@@ -1,0 +1,238 @@
+"""Confinement of host commands under bubblewrap, for real: what a command may not touch
+even when the parser lets it through (an interpreter with inline code)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.settings import Settings
+from tests.processes import gone_within, pids_with, token, wait_for_pids
+from tests.workers.conftest import Runner
+from workers import confine
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A directory outside the workspace that the confined command can see (not /tmp,
+    which is private inside): writing there must fail."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="clawq-outside-") as path:
+        yield Path(path)
+
+
+def confined(settings: Settings | None = None) -> confine.Confinement:
+    found = confine.for_settings(settings or Settings())
+    assert found.confined, "bubblewrap is not usable on this machine (see .ci/run)"
+    return found
+
+
+def test_a_command_that_writes_outside_the_workspace_fails_and_the_target_stays(
+    run_tool: Runner, workspace: Path, outside: Path
+) -> None:
+    confined()
+    target = outside / "target.txt"
+    target.write_text("original")
+    sibling = workspace.parent / "sibling.txt"  # beside the workspace, in the host's /tmp
+    sibling.write_text("original")
+    for command in [
+        f'python3 -c \'open("{target}", "w").write("x")\'',
+        f'perl -e \'open(F, ">", "{target}") or die "$!"; print F "x"\'',
+        f'awk \'BEGIN {{ printf "x" > "{target}" }}\'',
+        f"python3 -c 'import os; os.remove(\"{target}\")'",
+    ]:
+        result = run_tool("exec", command=command)
+        assert result.is_error, (command, result.for_llm)
+        assert result.metadata["where"] == "host (bwrap)"
+    # the host's /tmp is not there: the write lands in the command's private /tmp
+    run_tool("exec", command=f'python3 -c \'open("{sibling}", "w").write("x")\'')
+    assert target.read_text() == "original" and sibling.read_text() == "original"
+    inside = run_tool("exec", command='python3 -c \'open("made.txt", "w").write("ok")\'')
+    assert not inside.is_error and (workspace / "made.txt").read_text() == "ok"
+
+
+def test_kill_minus_one_inside_reaches_only_the_commands_own_tree(workspace: Path) -> None:
+    confinement = confined()
+    mark = token()
+    bystander = subprocess.Popen(["sleep", mark])  # a process of the worker's host
+    try:
+        # the command kills only when it sees its own PID namespace (pid 1 is bubblewrap),
+        # so a broken confinement cannot take the machine down with this test
+        script = (
+            f"sleep {mark} & sleep 0.3; "
+            '[ "$(cat /proc/1/comm)" = bwrap ] && kill -9 -1; sleep 0.3; '
+            "if kill -0 $! 2>/dev/null; then echo alive; else echo killed; fi"
+        )
+        argv = confinement.argv(script, str(workspace), str(workspace))
+        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        assert done.stdout == b"killed\n", done  # it reached the command's own sleep
+        assert bystander.poll() is None, "kill -9 -1 reached a process outside"
+        assert pids_with(mark) == [bystander.pid]
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_home_and_secrets_are_not_visible(
+    workspace: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = outside / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY")
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("aws_secret_access_key=x")
+    monkeypatch.setenv("HOME", str(home))
+    run_tool = Runner(workspace, Settings())
+    assert confine.for_settings(run_tool.settings).confined
+    for command in ["cat ~/.ssh/id_ed25519", f"cat {home}/.aws/credentials", "ls /run/postgresql"]:
+        result = run_tool("exec", command=command)
+        assert result.is_error and "PRIVATE" not in result.for_llm, (command, result.for_llm)
+    listing = run_tool("exec", command="find ~ /root -mindepth 1 | wc -l").for_llm
+    assert listing.startswith("0\n"), listing  # both empty
+    assert os.path.exists(home / ".ssh" / "id_ed25519")
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.sendall(b"hello\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_the_network_is_off_unless_allowed(workspace: Path, listener: int) -> None:
+    confined()
+    probe = (
+        'python3 -c \'import socket; s = socket.create_connection(("127.0.0.1", '
+        f"{listener}), timeout=3); print(s.recv(10).decode().strip())'"
+    )
+    off = Runner(workspace, Settings())("exec", command=probe)
+    assert off.is_error and "hello" not in off.for_llm
+    assert "Connection refused" in off.for_llm or "unreachable" in off.for_llm
+    on = Runner(workspace, Settings(), network=True)("exec", command=probe)
+    assert not on.is_error and on.for_llm.startswith("hello"), on.for_llm
+
+
+def test_a_timeout_kills_the_whole_tree(run_tool: Runner) -> None:
+    confined()
+    mark = token()
+    started = time.monotonic()
+    result = run_tool("exec", command=f"(setsid sleep {mark} &) ; sleep {mark}", timeout_s=1)
+    assert result.is_error and "timed out after 1s" in result.for_llm
+    assert time.monotonic() - started < 8
+    gone_within(mark, 2.0)
+
+
+def test_a_cancel_kills_the_whole_tree(run_tool: Runner) -> None:
+    confined()
+    mark = token()
+    at = time.monotonic() + 1.0
+    run_tool.cancelled = lambda: "the job was cancelled" if time.monotonic() > at else None
+    result = run_tool("exec", command=f"nohup sleep {mark} & sleep {mark}")
+    assert result.is_error and "[stopped: the job was cancelled]" in result.for_llm
+    gone_within(mark, 2.0)
+
+
+def test_output_caps_hold_under_confinement(workspace: Path) -> None:
+    confined()
+    result = Runner(workspace, Settings(exec_output_cap_bytes=2048))(
+        "exec", command="yes abcdefgh | head -c 100000"
+    )
+    assert "[output truncated at 2048 bytes]" in result.for_llm and len(result.for_llm) < 2300
+
+
+def test_required_but_missing_bubblewrap_fails_every_call_closed(
+    workspace: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(exec_confinement="bwrap", exec_bwrap_path="no-such-bwrap")
+    with caplog.at_level(logging.ERROR, "clawq.confine"):
+        result = Runner(workspace, settings)("exec", command="touch ran")
+    assert result.is_error
+    assert result.for_llm == (
+        "exec confinement is required (CLAWQ_EXEC_CONFINEMENT=bwrap) but bubblewrap does not "
+        "work here: no-such-bwrap is not installed; the command was not run"
+    )
+    assert not (workspace / "ran").exists()
+    assert "every command will fail" in caplog.text
+
+
+def test_auto_without_bubblewrap_warns_once_and_runs_unconfined(
+    workspace: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(exec_confinement="auto", exec_bwrap_path="missing-bwrap-auto")
+    with caplog.at_level(logging.WARNING, "clawq.confine"):
+        first = Runner(workspace, settings)("exec", command="touch ran")
+        second = Runner(workspace, settings)("exec", command="true")
+    assert not first.is_error and first.metadata["where"] == "host"
+    assert not second.is_error and (workspace / "ran").exists()
+    warnings = [r for r in caplog.records if "run unconfined" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_none_runs_as_the_worker(run_tool: Runner, workspace: Path) -> None:
+    result = Runner(workspace, Settings(exec_confinement="none"))("exec", command="echo $$")
+    assert result.metadata["where"] == "host" and int(result.for_llm.split()[0]) > 2
+
+
+def test_a_background_process_is_confined_and_signalled_through_its_namespace(
+    workspace: Path, outside: Path, tmp_path: Path
+) -> None:
+    from tests.workers.test_process import call, wait_output
+
+    confined()
+    settings = Settings(process_state_dir=str(tmp_path / "procs"))
+    mark = token()
+    target = outside / "t"
+    target.write_text("original")
+    started = call(
+        settings,
+        workspace,
+        action="start",
+        command=(
+            f"trap 'echo got-usr1' USR1; sleep {mark} & "
+            f'python3 -c \'open("{target}", "w")\' 2>/dev/null || echo refused; '
+            "while :; do sleep 0.1; done"
+        ),
+    )
+    pid = started.metadata["id"]
+    assert "refused" in wait_output(settings, workspace, pid, "refused")
+    call(settings, workspace, action="signal", id=pid, signal="USR1")
+    assert "got-usr1" in wait_output(settings, workspace, pid, "got-usr1")  # delivered, alive
+    wait_for_pids(mark)
+    call(settings, workspace, action="signal", id=pid, signal="KILL")
+    assert "[exited" in wait_output(settings, workspace, pid, "[exited")
+    gone_within(mark, 3.0)  # the whole namespace went with it
+    assert target.read_text() == "original"
+
+
+def test_the_probe_reports_why_bubblewrap_cannot_run(tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    reason = confine.probe(str(fake), ())
+    assert reason == "bubblewrap failed: bwrap: No permissions to create new namespace"
+    assert confine.probe(sys.executable, ()) != ""  # not a bubblewrap at all
