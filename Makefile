@@ -3,7 +3,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 BIN     = $(VENV)/bin
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench lint clean system
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,10 @@ install: $(BIN)/.installed
 demo: install  ## a scripted agent job across real worker processes (embedded Redis/PostgreSQL)
 	$(BIN)/clawq demo
 
-test: install  ## the whole suite: needs Redis on :6379 and PostgreSQL on :5432 (see .ci/run)
+system:  ## the machine's part: podman, runc, busybox-static, chromium, bubblewrap, Redis, PostgreSQL
+	bash tests/system-packages.sh
+
+test: install system  ## the whole suite, on real services and components (nothing is skipped)
 	$(BIN)/pytest
 
 bench: install  ## round trip, throughput and 1,000 concurrent jobs, against baselines

@@ -75,17 +75,27 @@ def wait_for(check: Callable[[], bool], timeout: float = 60) -> None:
     raise TimeoutError("bench setup timed out")
 
 
+BENCH_DB = int(os.environ.get("BENCH_REDIS_DB", "15"))  # the tests use dbs 1 to 14
+OWNER_KEY = "clawq:bench:owner"
+
+
 class Bench:
     def __init__(self) -> None:
         base = Settings()
         base_redis = base.redis_url.rsplit("/", 1)[0]
-        self.redis_url = f"{base_redis}/14"
+        self.redis_url = f"{base_redis}/{BENCH_DB}"
         self.schema = "bench_" + uuid.uuid4().hex[:8]
         sep = "&" if "?" in base.database_url else "?"
         self.db_base = base.database_url
         self.database_url = f"{base.database_url}{sep}options=-csearch_path%3D{self.schema}"
         self.redis = redis.Redis.from_url(self.redis_url)
-        self.redis.flushdb()
+        if self.redis.dbsize() and not self.redis.exists(OWNER_KEY):  # never wipe others' data
+            raise SystemExit(
+                f"Redis db {BENCH_DB} holds keys that are not the bench's: empty it or set "
+                "BENCH_REDIS_DB to a free db"
+            )
+        self.redis.flushdb()  # empty, or what an interrupted bench run left
+        self.redis.set(OWNER_KEY, "1")
         with psycopg.connect(self.db_base, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {self.schema}")
         store = Store(self.database_url)
@@ -135,18 +145,23 @@ class Bench:
                 reply_to=dispatcher.reply_key,
             )
 
+        async def checked(i: int) -> None:
+            outcome = await dispatcher.call(envelope(i), "fs")
+            if outcome.is_error or outcome.for_llm != "ok":  # a failed call is not a data point
+                raise RuntimeError(f"bench call {i} failed: {outcome.for_llm}")
+
         for i in range(50):  # warm up
-            await dispatcher.call(envelope(-1 - i), "fs")
+            await checked(-1 - i)
         times = []
         for i in range(n_sequential):
             started = time.perf_counter()
-            await dispatcher.call(envelope(i), "fs")
+            await checked(i)
             times.append(time.perf_counter() - started)
         window = asyncio.Semaphore(200)
 
         async def one(i: int) -> None:
             async with window:
-                await dispatcher.call(envelope(100_000 + i), "fs")
+                await checked(100_000 + i)
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n_concurrent)))
@@ -184,17 +199,22 @@ class Bench:
         ]
         with process(args, self.env):
             wait_for(lambda: bool(app.control.ping(timeout=0.5)))
+
+            def checked(value: object) -> None:
+                if value != "ok":
+                    raise RuntimeError(f"bare Celery returned {value!r}")
+
             for _ in range(50):
-                noop.delay().get(timeout=30)
+                checked(noop.delay().get(timeout=30))
             times = []
             for _ in range(ROUND_TRIPS):
                 started = time.perf_counter()
-                noop.delay().get(timeout=30)
+                checked(noop.delay().get(timeout=30))
                 times.append(time.perf_counter() - started)
             started = time.perf_counter()
             pending = [noop.delay() for _ in range(THROUGHPUT_CALLS)]
             for result in pending:
-                result.get(timeout=120)
+                checked(result.get(timeout=120))
             rate = THROUGHPUT_CALLS / (time.perf_counter() - started)
         return times, rate
 
@@ -283,29 +303,39 @@ class Bench:
             slots.admit(f"cost-{i}", f"cost-parent-{i}", 1)
             admits.append(time.perf_counter() - started)
             slots.release(f"cost-{i}")
-        highest = 0
+        # the storm's concurrency is counted by the "children" themselves, not read back
+        # from the limiter: a limiter that admitted too many would show here
+        lock = threading.Lock()
+        running = highest = refused = 0
 
         def parent(p: int) -> int:
-            nonlocal highest
-            done = 0
+            nonlocal running, highest, refused
             for c in range(5):
                 child = f"storm-{p}-{c}"
                 while not slots.admit(child, f"storm-parent-{p}", 1).admitted:
+                    with lock:
+                        refused += 1
                     time.sleep(0.001)
-                highest = max(highest, slots.running())
+                with lock:
+                    running += 1
+                    highest = max(highest, running)
                 time.sleep(0.005)  # the child "runs"
+                with lock:
+                    running -= 1
                 slots.release(child)
-                done += 1
-            return done
+            return 5
 
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=16) as pool:
             spawned = sum(pool.map(parent, range(100)))
         storm = time.perf_counter() - started
+        if highest > 8:
+            raise RuntimeError(f"admission let {highest} children run at once (limit 8)")
         return {
             "ping_ms": ms(pings, 0.5),
             "admit_ms": ms(admits, 0.5),
             "spawned": spawned,
+            "refused": refused,
             "storm_s": storm,
             "highest": highest,
         }
@@ -648,14 +678,16 @@ def main() -> None:
             "admit p50 ms",
             "PING p50 ms",
             "storm: 100 parents x 5 children",
+            "refused attempts (a limit held)",
             "storm seconds",
-            "highest concurrency (limit 8)",
+            "highest concurrency, counted by the children (limit 8)",
         ):
             table.add_column(col, justify="right")
         table.add_row(
             f"{adm['admit_ms']:.3f}",
             f"{adm['ping_ms']:.3f}",
             f"{adm['spawned']:.0f} admitted",
+            f"{adm['refused']:.0f}",
             f"{adm['storm_s']:.2f}",
             f"{adm['highest']:.0f}",
         )

@@ -106,3 +106,11 @@ def inbox(job_id: str) -> str:
 def released(job_id: str) -> str:
     """Set when a job has ended and handed its inbox back: nothing may be added to it."""
     return f"{PREFIX}:released:{job_id}"
+
+
+CHANGES_CHANNEL = f"{PREFIX}:changes"
+
+
+def version(topic: str) -> str:
+    """The version counter of a cached topic (`mcp`, `custom_tools`, `config`, …)."""
+    return f"{PREFIX}:version:{topic}"

@@ -19,6 +19,11 @@ from broker.messages import CallOutcome, JobResult, JobSpec, ToolCallRecord
 
 MIGRATION_LOCK = 7_415_922_001
 
+
+class StoreNotReady(Exception):
+    """The database has no clawq schema yet: the migrations have not run."""
+
+
 INSERT_SESSION = (
     "INSERT INTO sessions (id, agent_id, user_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 )

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from broker.messages import Event, Group, JobResult
 from broker.settings import Settings
+from orchestrator import output
 
-console = Console(stderr=True)
+console = output.diagnostics
 URL_VARS = ("CLAWQ_REDIS_URL", "CLAWQ_DATABASE_URL")
 
 
@@ -132,9 +131,9 @@ def up(workers_per_group: int, log_level: str) -> None:
             f"[green]stack up[/]: orchestrator + {workers_per_group} worker(s) for "
             f"{', '.join(stack.groups)}. Ctrl-C stops it."
         )
-        while stack.alive():
-            time.sleep(0.5)
-        console.print("[red]a process of the stack exited[/]")
+        while True:  # a process that dies is restarted, with a backoff
+            stack.supervise(lambda line: console.print(f"[yellow]{escape(line)}[/]"))
+            time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     finally:
@@ -144,7 +143,7 @@ def up(workers_per_group: int, log_level: str) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@output.json_option
 def status(as_json: bool) -> None:
     """List the live orchestrators and workers, per queue."""
     import redis
@@ -162,16 +161,13 @@ def status(as_json: bool) -> None:
     }
     for proc in sorted((p for p in live if p.get("kind") == "worker"), key=lambda p: p["id"]):
         report["queues"].setdefault(proc["queue"], []).append(proc)
-    if as_json:
-        click.echo(json.dumps(report))
-        return
-    table = Table("kind", "queue", "process", "node", "confinement")
-    for p in report["orchestrators"]:
-        table.add_row("orchestrator", "agents", p["id"], "", "")
-    for queue, procs in report["queues"].items():
-        for p in procs:
-            table.add_row("worker", queue, p["id"], p.get("node", ""), p.get("confinement", ""))
-    Console().print(table)
+    rows = [("orchestrator", "agents", p["id"], "", "") for p in report["orchestrators"]]
+    rows += [
+        ("worker", queue, p["id"], p.get("node", ""), p.get("confinement", ""))
+        for queue, procs in report["queues"].items()
+        for p in procs
+    ]
+    output.table(("kind", "queue", "process", "node", "confinement"), rows, report, as_json)
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
@@ -185,7 +181,28 @@ def result_json(result: JobResult) -> dict[str, Any]:
     }
 
 
-def show_event(event: Event) -> None:
+ANSWER_KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
+
+
+def ask_inline(job: Any, event: Event) -> None:
+    """Ask the person at the terminal, as Claude Code does, and send the answer."""
+    from orchestrator.client import ClientError
+
+    d = event.data
+    console.print(f"  [dim]input:[/] {escape(json.dumps(d['input'])[:400])}")
+    choice = click.prompt(
+        "  allow [o]nce, allow [a]lways, or [d]eny?",
+        type=click.Choice(list(ANSWER_KEYS)),
+        show_choices=False,
+        err=True,
+    )
+    try:
+        job.approve(d["request_id"], ANSWER_KEYS[choice])
+    except ClientError as exc:  # e.g. it timed out while the person thought
+        console.print(f"[red]{escape(str(exc))}[/]")
+
+
+def show_event(event: Event, interactive: bool = False) -> None:
     d = event.data
     if event.type == "tool_call_queued":
         args = escape(json.dumps(d["input"])[:120])
@@ -199,10 +216,11 @@ def show_event(event: Event) -> None:
     elif event.type == "tool_call_denied":
         console.print(f"[red]✗ {d['name']} refused[/] [dim]({d['layer']})[/] {escape(d['reason'])}")
     elif event.type == "approval_requested":
-        console.print(
-            f"[yellow]? {d['name']} needs approval[/]: {escape(d['reason'])}\n"
-            f"  clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
-        )
+        console.print(f"[yellow]? {d['name']} needs approval[/]: {escape(d['reason'])}")
+        if not interactive:
+            console.print(
+                f"  clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
+            )
     elif event.type == "job_finished":
         error = escape(d.get("error") or "")
         console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
@@ -224,7 +242,11 @@ def show_event(event: Event) -> None:
 )
 @click.option("--workspace", type=click.Path(file_okay=False), default=".", show_default=True)
 @click.option("--allow", multiple=True, help="Allow rule, e.g. exec or 'exec(git *)' (repeatable).")
-@click.option("--ask", multiple=True, help="Ask rule: such calls wait for `clawq approve`.")
+@click.option(
+    "--ask",
+    multiple=True,
+    help="Ask rule: such calls wait for an answer (asked here on a terminal, or clawq approve).",
+)
 @click.option("--deny", multiple=True, help="Deny rule, e.g. 'read_file(./secrets/**)'.")
 @click.option(
     "--permission-mode",
@@ -268,9 +290,12 @@ def run(
         except ClientError as exc:
             raise click.UsageError(str(exc)) from None
         if not as_json:
+            interactive = sys.stdin.isatty()  # a person is there: ask inline
             console.print(f"job {job.id}")
             for event in job.events():
-                show_event(event)
+                show_event(event, interactive)
+                if interactive and event.type == "approval_requested":
+                    ask_inline(job, event)
         result = job.wait(timeout=timeout)
     if as_json:
         click.echo(json.dumps(result_json(result)))
@@ -370,12 +395,10 @@ def demo(workers_per_group: int) -> None:
             for event in job.events():
                 show_event(event)
             result = job.wait(timeout=60)
-            table = Table("call", "tool", "queue", "worker", "ok")
-            for call in result.tool_calls:
-                table.add_row(
-                    call.id, call.name, call.queue, call.worker, "no" if call.is_error else "yes"
-                )
-            Console().print(table)
+            output.table(
+                ("call", "tool", "queue", "worker", "ok"),
+                [(c.id, c.name, c.queue, c.worker, not c.is_error) for c in result.tool_calls],
+            )
             click.echo((Path(workspace) / "notes/todo.md").read_text())
             ok = result.status == "completed" and not any(c.is_error for c in result.tool_calls)
             click.echo(f"demo {result.status}: {result.final_text}")

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
-from rich.table import Table
 
 from orchestrator.mcp_admin import McpAdmin, McpAdminError
+from orchestrator.output import json_option, table
 
 
 @contextmanager
@@ -23,12 +23,6 @@ def admin() -> Iterator[McpAdmin]:
             yield client.mcp
         except McpAdminError as exc:
             raise click.UsageError(str(exc)) from None
-
-
-def show(table: Table) -> None:
-    from orchestrator.cli import console
-
-    console.print(table)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,14 +49,21 @@ def add(config: str) -> None:
 
 
 @mcp.command("list")
-def list_servers() -> None:
-    """The configured servers (secrets masked)."""
+@json_option
+def list_servers(as_json: bool) -> None:
+    """The configured servers (no secrets: headers and env are not shown)."""
     with admin() as a:
-        table = Table("name", "transport", "target", "enabled")
-        for s in a.servers():
-            target = " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url
-            table.add_row(s.name, s.transport, target, "yes" if s.enabled else "no")
-    show(table)
+        servers = a.servers()
+    rows = [
+        (
+            s.name,
+            s.transport,
+            " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url,
+            s.enabled,
+        )
+        for s in servers
+    ]
+    table(("name", "transport", "target", "enabled"), rows, as_json=as_json)
 
 
 @mcp.command("remove")
@@ -75,13 +76,14 @@ def remove(name: str) -> None:
 
 
 @mcp.command("tools")
-def tools() -> None:
+@json_option
+def tools(as_json: bool) -> None:
     """The catalog: tools the mcp workers listed, by exposed name."""
     with admin() as a:
-        table = Table("exposed name", "server", "tool", "description")
-        for t in a.tools():
-            table.add_row(t.exposed_name, t.server, t.tool, t.description[:60])
-    show(table)
+        found = a.tools()
+    rows = [(t.exposed_name, t.server, t.tool, t.description.split("\n", 1)[0]) for t in found]
+    records = [t.model_dump(mode="json") for t in found]
+    table(("exposed name", "server", "tool", "description"), rows, records, as_json)
 
 
 @mcp.command("grant")
@@ -111,20 +113,17 @@ def revoke(server: str, agent: str | None, user: str | None) -> None:
 
 
 @mcp.command("grants")
-def grants() -> None:
+@json_option
+def grants(as_json: bool) -> None:
     """Every grant."""
     with admin() as a:
-        table = Table("server", "scope", "subject", "allow", "deny", "enabled")
-        for g in a.grants():
-            table.add_row(
-                g.server,
-                g.scope,
-                g.subject,
-                ",".join(g.tool_allow) or "*",
-                ",".join(g.tool_deny),
-                "yes" if g.enabled else "no",
-            )
-    show(table)
+        found = a.grants()
+    rows = [
+        (g.server, g.scope, g.subject, ",".join(g.tool_allow) or "*", g.tool_deny, g.enabled)
+        for g in found
+    ]
+    records = [g.model_dump(mode="json") for g in found]
+    table(("server", "scope", "subject", "allow", "deny", "enabled"), rows, records, as_json)
 
 
 @mcp.command("request")
@@ -145,21 +144,17 @@ def request(
 
 @mcp.command("requests")
 @click.option("--all", "everything", is_flag=True, help="Reviewed ones too.")
-def requests(everything: bool) -> None:
+@json_option
+def requests(everything: bool, as_json: bool) -> None:
     """Access requests waiting for review."""
     with admin() as a:
-        table = Table("id", "server", "scope", "subject", "allow", "status", "reason")
-        for r in a.requests(None if everything else "pending"):
-            table.add_row(
-                r.id,
-                r.server,
-                r.scope,
-                r.subject,
-                ",".join(r.tool_allow) or "*",
-                r.status,
-                r.reason,
-            )
-    show(table)
+        found = a.requests(None if everything else "pending")
+    rows = [
+        (r.id, r.server, r.scope, r.subject, ",".join(r.tool_allow) or "*", r.status, r.reason)
+        for r in found
+    ]
+    records = [r.model_dump(mode="json") for r in found]
+    table(("id", "server", "scope", "subject", "allow", "status", "reason"), rows, records, as_json)
 
 
 @mcp.command("review")

@@ -21,7 +21,7 @@ from typing import Any, get_args
 
 import redis
 
-from broker import events, keys
+from broker import changes, events, keys
 from broker.celery_app import create_app
 from broker.control import cancel_jobs
 from broker.messages import (
@@ -234,7 +234,7 @@ class Client:
     @property
     def mcp(self) -> McpAdmin:
         """MCP servers, their tools, grants and access requests."""
-        return McpAdmin(self.store)
+        return McpAdmin(self.store, lambda: changes.announce(self.redis, changes.MCP))
 
     def job(self, job_id: str) -> Job:
         return Job(self, job_id)

@@ -4,6 +4,7 @@ access requests. `client.mcp` is one of these."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,11 @@ def _scope(agent: str | None, user: str | None) -> tuple[str, str]:
 
 
 class McpAdmin:
-    def __init__(self, store: Store) -> None:
+    """Every change is announced (topic `mcp`), so mcp workers reload within seconds."""
+
+    def __init__(self, store: Store, notify: Callable[[], object] = lambda: None) -> None:
         self.store = McpStore(store)
+        self.notify = notify
 
     def add(self, config: dict[str, Any] | str | Path) -> list[str]:
         """Add or replace servers from `mcpServers` JSON (a dict, a JSON string or a file)."""
@@ -46,6 +50,7 @@ class McpAdmin:
             raise McpAdminError(str(exc)) from None
         for server in servers:
             self.store.add_server(server)
+        self.notify()
         return [s.name for s in servers]
 
     def servers(self) -> list[McpServer]:
@@ -54,6 +59,7 @@ class McpAdmin:
     def remove(self, name: str) -> None:
         if not self.store.remove_server(name):
             raise McpAdminError(f"no MCP server '{name}'")
+        self.notify()
 
     def tools(self) -> list[McpToolRow]:
         return self.store.catalog()

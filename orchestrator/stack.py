@@ -1,4 +1,8 @@
-"""A local stack: one orchestrator and N workers per tool group, as separate processes."""
+"""A local stack: one orchestrator and N workers per tool group, as separate processes.
+
+`supervise` restarts a process that died, after a backoff (1 s, doubling to 30 s, back to
+1 s once it has run for a minute), as a process supervisor would.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 
 from broker.presence import live_processes
+
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 30.0
+STABLE_S = 60.0
 
 
 class Stack:
@@ -31,10 +39,39 @@ class Stack:
         self.log_level = log_level
         self.orchestrators = orchestrators
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.commands: list[list[str]] = []
+        self.started: list[float] = []
+        self.backoff: list[float] = []
+        self.due: dict[int, float] = {}  # index → when a dead process is started again
 
     def _spawn(self, *args: str) -> None:
         cmd = [sys.executable, "-m", "orchestrator.cli", *args, "--log-level", self.log_level]
         self.procs.append(subprocess.Popen(cmd, env=self.env))
+        self.commands.append(cmd)
+        self.started.append(time.monotonic())
+        self.backoff.append(BACKOFF_INITIAL_S)
+
+    def name(self, index: int) -> str:
+        return " ".join(self.commands[index][3:-2])
+
+    def supervise(self, say: Callable[[str], None]) -> None:
+        """Restart every process that died once its backoff has passed; say what happens."""
+        now = time.monotonic()
+        for index, proc in enumerate(self.procs):
+            if proc.poll() is None:
+                continue
+            if index not in self.due:
+                if now - self.started[index] >= STABLE_S:
+                    self.backoff[index] = BACKOFF_INITIAL_S
+                wait = self.backoff[index]
+                self.due[index] = now + wait
+                self.backoff[index] = min(wait * 2, BACKOFF_MAX_S)
+                say(f"{self.name(index)} exited ({proc.returncode}); restarting in {wait:g}s")
+            elif now >= self.due[index]:
+                del self.due[index]
+                self.procs[index] = subprocess.Popen(self.commands[index], env=self.env)
+                self.started[index] = now
+                say(f"{self.name(index)} restarted (pid {self.procs[index].pid})")
 
     def start(self) -> None:
         for _ in range(self.orchestrators):
@@ -62,9 +99,6 @@ class Stack:
         finally:
             client.close()
         raise TimeoutError(f"stack not ready after {timeout}s")
-
-    def alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs)
 
     def stop(self, timeout: float = 15.0) -> None:
         for proc in self.procs:

@@ -21,10 +21,14 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any, Literal
 
+import psycopg
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
+from broker import changes
+from broker.changes import Listener
 from broker.mcp_config import McpServer
 from broker.settings import Settings
+from broker.store import StoreNotReady
 
 log = logging.getLogger("clawq.mcp")
 CONNECT_TIMEOUT_S = 30.0
@@ -250,7 +254,12 @@ class McpManager:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="clawq-mcp", daemon=True)
         self.thread.start()
+        self._wake = asyncio.Event()
         self._health = asyncio.run_coroutine_threadsafe(self._health_loop(), self.loop)
+
+    def nudge(self) -> None:
+        """The configuration changed: check every server now, not at the next interval."""
+        self.loop.call_soon_threadsafe(self._wake.set)
 
     def call(self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float) -> Any:
         future = asyncio.run_coroutine_threadsafe(
@@ -283,10 +292,13 @@ class McpManager:
         return current
 
     async def _health_loop(self) -> None:
-        """Connect to every enabled server, then check them at the interval."""
+        """Connect to every enabled server, then check them at the interval (or at once
+        when nudged). Until the schema exists (a fresh database) there is nothing to do."""
+        waiting_for_schema = False
         while True:
             try:
                 servers = await asyncio.to_thread(self.load_servers)
+                waiting_for_schema = False
                 for gone in set(self.connections) - {s.name for s in servers}:
                     self.connections.pop(gone).close_session()
                 for config in servers:
@@ -295,9 +307,15 @@ class McpManager:
                         connection.reconnect()
                     else:
                         await connection.check()
+            except StoreNotReady as exc:
+                if not waiting_for_schema:
+                    log.info("MCP servers: %s; waiting for the migrations", exc)
+                waiting_for_schema = True
             except Exception:
                 log.exception("MCP health check failed")
-            await asyncio.sleep(self.settings.mcp_health_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.mcp_health_interval_s)
+            self._wake.clear()
 
     def state(self) -> dict[str, str]:
         return {name: c.state for name, c in self.connections.items()}
@@ -330,26 +348,45 @@ _manager: McpManager | None = None
 _manager_pid = 0
 
 
+class CatalogStore:
+    """The manager's reads of the configured servers and writes of the catalog, on one
+    connection of its own. Until the migrations ran, reading says `StoreNotReady`."""
+
+    def __init__(self, settings: Settings) -> None:
+        from broker.store import Store
+
+        self.store = Store(settings.database_url)
+        self.lock = threading.Lock()
+
+    def load(self) -> list[McpServer]:
+        from broker.mcp_store import McpStore
+
+        with self.lock:
+            try:
+                return McpStore(self.store).servers(enabled_only=True)
+            except psycopg.errors.UndefinedTable as exc:
+                raise StoreNotReady("the schema is not there yet") from exc
+
+    def on_tools(self, server: str, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+        from broker.mcp_store import McpStore
+
+        with self.lock:
+            McpStore(self.store).replace_tools(server, rows)
+
+    def close(self) -> None:
+        self.store.close()
+
+
 def manager_for_process(settings: Settings) -> McpManager:
-    """This process's manager, made on first use after fork (never inherited)."""
+    """This process's manager, made on first use after fork (never inherited); a change
+    notice (topic `mcp`) makes it check every server at once."""
     import os
 
     global _manager, _manager_pid
     if _manager is None or _manager_pid != os.getpid():
-        from broker.mcp_store import McpStore
-        from broker.store import Store
-
-        store = Store(settings.database_url)  # the manager's own connection
-        lock = threading.Lock()
-
-        def load() -> list[McpServer]:
-            with lock:
-                return McpStore(store).servers(enabled_only=True)
-
-        def on_tools(server: str, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
-            with lock:
-                McpStore(store).replace_tools(server, rows)
-
-        _manager = McpManager(settings, load, on_tools)
+        catalog = CatalogStore(settings)
+        _manager = McpManager(settings, catalog.load, catalog.on_tools)
         _manager_pid = os.getpid()
+        nudge = _manager.nudge
+        Listener(settings.redis_url, [changes.MCP], lambda _: nudge()).start()
     return _manager

@@ -48,6 +48,7 @@ def start_cluster(
     workers_per_group: int = 1,
     groups: tuple[str, ...] = ("fs", "runtime"),
     orchestrators: int = 1,
+    concurrency: int = 2,
     **overrides: object,
 ) -> Iterator[Cluster]:
     iso = Isolated(**overrides)
@@ -56,7 +57,11 @@ def start_cluster(
         for k, v in overrides.items()
     }
     stack = Stack(
-        list(groups), workers_per_group, env=env, concurrency=2, orchestrators=orchestrators
+        list(groups),
+        workers_per_group,
+        env=env,
+        concurrency=concurrency,
+        orchestrators=orchestrators,
     )
     stack.start()
     try:

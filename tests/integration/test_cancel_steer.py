@@ -3,6 +3,7 @@ result, and a steered job goes on with the new message. A failed exec stops its 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,3 +94,13 @@ def test_steer_stops_the_turn_and_continues_with_the_message(
     assert only.is_error and "steered" in only.output
     steered = [e.data for e in job.events() if e.type == "steered"]
     assert steered == [{"text": "stop sleeping and wrap up"}]
+    # the model's next turn got the message: in the transcript after the stopped turn (its
+    # call and result), before the final answer
+    rows = cluster.client.store.transcript(job.id, 50)
+    roles = [r["role"] for r in rows]
+    said = [
+        i for i, r in enumerate(rows) if "stop sleeping and wrap up" in json.dumps(r["content"])
+    ]
+    assert len(said) == 1 and rows[said[0]]["role"] == "user", rows
+    assert roles.index("assistant") < said[0] < len(rows) - 1
+    assert rows[-1]["role"] == "assistant" and "steered: done" in json.dumps(rows[-1]["content"])

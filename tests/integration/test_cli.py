@@ -1,4 +1,6 @@
-"""`clawq up` + `clawq run --json` + `clawq status --json` as a user runs them."""
+"""`clawq up`, `clawq run`, `clawq status` and `clawq mcp` as a user runs them: data on
+stdout (whole in a pipe, or JSON), inline approvals on a terminal, MCP servers that show up
+within seconds, and a stack that restarts a process that died."""
 
 from __future__ import annotations
 
@@ -10,17 +12,24 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import Isolated
 
 CLAWQ = [sys.executable, "-m", "orchestrator.cli"]
+TIME = str(Path(sys.executable).parent / "mcp-server-time")
 
 
-@pytest.fixture
-def up(isolated: Isolated) -> Iterator[dict[str, str]]:
-    env = {**os.environ, **isolated.env()}
+def status(env: dict[str, str]) -> dict[str, Any]:
+    return json.loads(subprocess.check_output([*CLAWQ, "status", "--json"], env=env))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[dict[str, str]]:
+    iso = Isolated()
+    env = {**os.environ, **iso.env()}
     proc = subprocess.Popen([*CLAWQ, "up", "--log-level", "warning"], env=env)
     try:
         deadline = time.monotonic() + 60
@@ -36,6 +45,7 @@ def up(isolated: Isolated) -> Iterator[dict[str, str]]:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+        iso.drop()
 
 
 def test_up_status_and_run_json(up: dict[str, str], workspace: Path, tmp_path: Path) -> None:
@@ -116,3 +126,124 @@ def test_run_rejects_bad_input_clearly(up: dict[str, str], workspace: Path, tmp_
     )
     assert out.returncode == 2
     assert "invalid script" in out.stderr and out.stdout == ""
+
+
+def write_script(path: Path, *turns: dict[str, Any]) -> str:
+    path.write_text(json.dumps({"turns": list(turns)}))
+    return str(path)
+
+
+def test_listing_commands_print_whole_rows_into_a_pipe_and_json_on_request(
+    up: dict[str, str],
+) -> None:
+    long_name = "a-fairly-long-server-name-for-pipes"
+    added = subprocess.run(
+        [*CLAWQ, "mcp", "add", json.dumps({long_name: {"command": TIME}})],
+        env=up,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert added.stdout == f"added {long_name}\n"
+    listed = subprocess.run(
+        [*CLAWQ, "mcp", "list"], env=up, capture_output=True, text=True, check=True
+    )
+    header, row = listed.stdout.splitlines()[:2]
+    assert header.split() == ["name", "transport", "target", "enabled"]
+    assert row.split()[:2] == [long_name, "stdio"] and TIME in row and "…" not in listed.stdout
+    as_json = json.loads(subprocess.check_output([*CLAWQ, "mcp", "list", "--json"], env=up))
+    assert [s["name"] for s in as_json] == [long_name]
+    for command in (["status"], ["mcp", "grants"], ["mcp", "requests"], ["mcp", "tools"]):
+        assert isinstance(
+            json.loads(subprocess.check_output([*CLAWQ, *command, "--json"], env=up)),
+            dict | list,
+        )
+    subprocess.run([*CLAWQ, "mcp", "remove", long_name], env=up, check=True, capture_output=True)
+
+
+def test_a_new_mcp_servers_tools_reach_the_catalog_within_seconds(up: dict[str, str]) -> None:
+    # the stack runs with the default 30 s health interval: only the nudge is this fast
+    subprocess.run(
+        [*CLAWQ, "mcp", "add", json.dumps({"clock": {"command": TIME}})],
+        env=up,
+        check=True,
+        capture_output=True,
+    )
+    started = time.monotonic()
+    while time.monotonic() - started < 5:
+        tools = subprocess.run(
+            [*CLAWQ, "mcp", "tools"], env=up, capture_output=True, text=True, check=True
+        )
+        if "mcp_clock__get_current_time" in tools.stdout.split():
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"no clock tools after 5 s: {tools.stdout!r}")
+    listed = json.loads(subprocess.check_output([*CLAWQ, "mcp", "tools", "--json"], env=up))
+    assert {t["exposed_name"] for t in listed} >= {
+        "mcp_clock__get_current_time",
+        "mcp_clock__convert_time",
+    }
+
+
+def test_run_on_a_terminal_asks_inline_and_always_is_remembered(
+    up: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    import pexpect
+
+    from broker.settings import Settings
+    from broker.store import Store
+
+    script = write_script(
+        tmp_path / "s.json",
+        {"tool_calls": [{"id": "t", "name": "exec", "input": {"command": "touch asked"}}]},
+        {"text": "done"},
+    )
+    child = pexpect.spawn(
+        CLAWQ[0],
+        [*CLAWQ[1:], "run", "--script", script, "--workspace", str(workspace), "go"],
+        env={**up, "NO_COLOR": "1"},
+        encoding="utf-8",
+        timeout=60,
+    )
+    child.expect("exec needs approval")
+    child.expect(r"allow \[o\]nce, allow \[a\]lways, or \[d\]eny\?")
+    child.sendline("a")
+    child.expect("completed")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    assert (workspace / "asked").exists()
+    store = Store(Settings(database_url=up["CLAWQ_DATABASE_URL"]).database_url)
+    try:
+        assert "exec(touch asked)" in store.grants("main")
+    finally:
+        store.close()
+
+
+def test_a_process_of_the_stack_that_dies_is_restarted(
+    up: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    (old,) = status(up)["orchestrators"]
+    os.kill(old["pid"], signal.SIGKILL)
+    started = time.monotonic()
+    while time.monotonic() - started < 5:
+        found = status(up)["orchestrators"]
+        if found and found[0]["pid"] != old["pid"]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the orchestrator was not restarted within 5 s")
+    script = write_script(
+        tmp_path / "s.json",
+        {"tool_calls": [{"id": "w", "name": "write_file", "input": {"path": "a", "content": "x"}}]},
+        {"text": "after the restart"},
+    )
+    out = subprocess.run(
+        [*CLAWQ, "run", "--script", script, "--workspace", str(workspace), "--json", "again"],
+        env=up,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(out.stdout)["final_text"] == "after the restart", out.stderr

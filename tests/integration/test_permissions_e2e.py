@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from broker import keys
+from broker.presence import live_processes
 from orchestrator.client import Job
-from tests.integration.conftest import Cluster, call, script, start_cluster
+from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 HOOK = Path(__file__).resolve().parent.parent / "fixtures" / "hooks" / "deny_forbidden.py"
 
@@ -180,35 +179,46 @@ def test_hook_rewrites_are_validated_and_results_are_scrubbed(
 
 def test_allow_always_holds_on_another_orchestrator(cluster: Cluster, workspace: Path) -> None:
     """Last in this module: it stops the cluster's orchestrator."""
+
+    def ran_on(job: Job) -> str:
+        row = cluster.client.store.conn.execute(
+            "SELECT orchestrator FROM jobs WHERE id = %s", (job.id,)
+        ).fetchone()
+        assert row is not None
+        return str(row["orchestrator"])
+
+    first = cluster.client.submit(
+        "x",
+        workspace=str(workspace),
+        script=calls(("e", "exec", {"command": "echo one >> log.txt"})),
+    )
+    answer_next(first, "allow-always")
+    assert not first.wait(timeout=60).tool_calls[0].is_error
+    stack_orchestrator = cluster.stack.procs[0]
+    assert ran_on(first).endswith(f":{stack_orchestrator.pid}")
     env = {**os.environ, **cluster.env}
     second = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "orchestrator", "--log-level", "warning"],
         env=env,
     )
     try:
-        first = cluster.client.submit(
-            "x",
-            workspace=str(workspace),
-            script=calls(("e", "exec", {"command": "echo one >> log.txt"})),
-        )
-        answer_next(first, "allow-always")
-        assert not first.wait(timeout=60).tool_calls[0].is_error
-        stack_orchestrator = cluster.stack.procs[0]
+        with redis.Redis.from_url(cluster.iso.redis_url) as client:
+            wait_until(
+                lambda: any(p["pid"] == second.pid for p in live_processes(client)),
+                what="the second orchestrator's heartbeat",
+            )
         stack_orchestrator.send_signal(signal.SIGTERM)  # only the second one is left
         stack_orchestrator.wait(30)
-        time.sleep(0.5)
         later = cluster.client.submit(
             "x",
             workspace=str(workspace),
             script=calls(("e", "exec", {"command": "echo one >> log.txt"})),
         )
         (call,) = later.wait(timeout=60).tool_calls
+        assert ran_on(later).endswith(f":{second.pid}")  # not the one that was asked
         assert not call.is_error and call.decision == "allow:grant"
         assert not any(e.type == "approval_requested" for e in later.events())
         assert (workspace / "log.txt").read_text() == "one\none\n"
-        with redis.Redis.from_url(cluster.iso.redis_url) as client:
-            owner = client.hget(keys.call(later.id, 0, "e"), "proc")
-        assert owner is not None
     finally:
         second.terminate()
         second.wait(15)

@@ -57,8 +57,10 @@ def test_announcements_wait_in_redis_for_an_orchestrator(cluster: Cluster, works
         queue = AnnounceQueue(client, debounce_s=0.1)
         item = AnnounceItem(child="c-1", label="late", status="completed", result="found")
         queue.push(parent.id, item)
-        time.sleep(0.5)  # due, and nobody to take it
-        assert client.llen(keys.announce(parent.id)) == 1
+        due = client.zscore(keys.ANNOUNCE_DUE, parent.id)
+        assert due is not None
+        wait_until(lambda: time.time() > due + 0.2, what="the batch being due")
+        assert client.llen(keys.announce(parent.id)) == 1  # due, and nobody took it
     replacement = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "orchestrator", "--log-level", "warning"],
         env={**os.environ, **cluster.env},

@@ -28,6 +28,7 @@ LEASE_S = 2.0
 def cluster() -> Iterator[Cluster]:
     yield from start_cluster(
         workers_per_group=2,
+        concurrency=6,  # 12 executors: more than the limit, so only the limit holds children
         groups=("runtime", "sessions"),
         orchestrators=2,
         exec_security="full",
@@ -78,9 +79,13 @@ def settle(cluster: Cluster, parents: list[str], timeout: float) -> list[dict[st
 def test_a_spawn_storm_stays_within_the_limits(cluster: Cluster, workspace: Path) -> None:
     sampler = Sampler(cluster.iso.redis_url)
     sampler.start()
-    worker = script(
-        {"tool_calls": [call("w", "exec", command="sleep 0.5")]}, {"text": "child done"}
+    # each child records when its work really ran (a file of its own in the workspace)
+    record = (
+        'python3 -c \'import os, tempfile, time; fd, _ = tempfile.mkstemp(dir=".", '
+        'prefix="run."); s = time.time(); time.sleep(0.5); '
+        'os.write(fd, f"{s} {time.time()}".encode())\''
     )
+    worker = script({"tool_calls": [call("w", "exec", command=record)]}, {"text": "child done"})
     jobs = [
         cluster.client.submit(
             f"parent {p}",
@@ -119,6 +124,15 @@ def test_a_spawn_storm_stays_within_the_limits(cluster: Cluster, workspace: Path
     with redis.Redis.from_url(cluster.iso.redis_url) as client:
         sizes = [client.scard(keys.subagent_children(j.id)) for j in jobs]
     assert sizes == per_parent  # finished children still count until archived
+    # what really ran: never more children at once than the limit, though executors were free
+    spans = [tuple(map(float, p.read_text().split())) for p in workspace.glob("run.*")]
+    assert len(spans) == len(rows)
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running, most = 0, 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    assert LIMIT // 2 <= most <= LIMIT, most
 
 
 def test_a_sigkilled_childs_slot_is_freed(cluster: Cluster, workspace: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from broker import events, keys
+from broker.announce import AnnounceItem, AnnounceQueue
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 RATE_LIMIT = 40
@@ -42,6 +43,21 @@ def session_jobs(cluster: Cluster, session: str) -> list[dict[str, Any]]:
     return cluster.client.store.conn.execute(
         "SELECT id, status, spec FROM jobs WHERE session_id = %s ORDER BY created_at", (session,)
     ).fetchall()
+
+
+def announced_after_a_marker(cluster: Cluster, session: str) -> list[dict[str, Any]]:
+    """The session's jobs once a marker announcement, queued now, has been delivered: any
+    announcement queued before it would be delivered before it, or in its batch. A positive
+    signal to wait on, instead of sleeping and asserting that nothing came."""
+    with redis.Redis.from_url(cluster.iso.redis_url) as client:
+        queue = AnnounceQueue(client, debounce_s=0.1)
+        queue.push(session, AnnounceItem(child="m", label="marker", status="completed", result="m"))
+
+    def delivered() -> list[dict[str, Any]]:
+        jobs = session_jobs(cluster, session)
+        return jobs if any("[subagent marker" in j["spec"]["prompt"] for j in jobs) else []
+
+    return wait_until(delivered, timeout=30, what="the marker announcement")  # type: ignore[no-any-return]
 
 
 def running_slots(cluster: Cluster) -> int:
@@ -181,8 +197,8 @@ def test_cancel_last_label_all_and_steer(cluster: Cluster, workspace: Path) -> N
     assert prompt == "é" * 2000 and len(prompt.encode()) == 4000
     assert tree[("a", True)].id != steered.id
     wait_until(lambda: running_slots(cluster) == 0, timeout=10)
-    time.sleep(1.5)  # past the debounce: cancelled children are not announced
-    assert len(session_jobs(cluster, parent.id)) == 1
+    jobs = announced_after_a_marker(cluster, parent.id)  # cancelled children are not announced
+    assert len(jobs) == 2 and jobs[1]["spec"]["prompt"] == "[subagent marker completed]\nm"
 
 
 def test_sessions_send_starts_a_turn_in_a_finished_session(
@@ -270,8 +286,8 @@ def test_a_running_parent_reads_the_announcement_at_its_next_turn(
         "assistant",
     ]
     assert rows[5]["content"]["text"] == "[subagent quick completed]\nquick result"
-    time.sleep(1.5)
-    assert len(session_jobs(cluster, parent.id)) == 1  # delivered into the job, no new one
+    jobs = announced_after_a_marker(cluster, parent.id)  # delivered into the job, no new one
+    assert len(jobs) == 2 and "quick result" not in jobs[1]["spec"]["prompt"]
 
 
 def test_cancelling_a_parent_cancels_its_children(cluster: Cluster, workspace: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from broker.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "providers"
-HOLD_TIMEOUT_S = 5.0
+HOLD_TIMEOUT_S = 30.0  # above every wait of the tests that hold a stream
 
 
 def fixture_text(name: str) -> str:

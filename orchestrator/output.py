@@ -1,0 +1,60 @@
+"""What the CLI prints. Data goes to stdout: a table, or JSON with `--json`; diagnostics
+(progress, events, confirmations of what was done) go to stderr.
+
+A table on a terminal is drawn by rich; into a pipe it is plain columns, padded but never
+cut, so `clawq mcp tools | grep x` sees whole names and `awk` sees whole fields.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+diagnostics = Console(stderr=True)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    records: Any = None,
+    as_json: bool = False,
+) -> None:
+    """Print rows under `columns`; with `as_json`, `records` (or the rows as objects)."""
+    rows = [list(map(_cell, row)) for row in rows]
+    if as_json:
+        data = (
+            records if records is not None else [dict(zip(columns, r, strict=True)) for r in rows]
+        )
+        click.echo(json.dumps(data, default=str))
+        return
+    if sys.stdout.isatty():
+        drawn = Table(*columns)
+        for row in rows:
+            drawn.add_row(*row)
+        Console().print(drawn)
+        return
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    for line in [list(columns), *rows]:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+
+
+def json_option(fn: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        fn
+    )
