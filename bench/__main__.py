@@ -32,7 +32,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import confinement
+from bench import confinement, web
 from broker import keys
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
@@ -605,6 +605,18 @@ def ms(values: list[float], q: float) -> float:
 
 def main() -> None:
     bench = Bench()
+    only = sys.argv[1:]  # `python -m bench web`: one section
+    if only:
+        try:
+            sections = {
+                "confinement": lambda: confinement.run(console),
+                "web": lambda: web.run(console, bench, process, wait_for),
+            }
+            for name in only:
+                sections[name]()
+        finally:
+            bench.close()
+        return
     try:
         console.print(
             f"(a)/(b): {ROUND_TRIPS} sequential no-op calls, then {THROUGHPUT_CALLS} "
@@ -735,6 +747,7 @@ def main() -> None:
             table.add_row(str(n), f"{rate:.1f}", f"{rate / base:.2f}x", f"{rate / (base * n):.2f}")
         console.print(table)
         confinement.run(console)
+        web.run(console, bench, process, wait_for)
     finally:
         bench.close()
 

@@ -139,6 +139,42 @@ class Settings(BaseSettings):
     sandbox_idle_s: float = Field(600.0, gt=0, description="idle containers are removed")
     exec_sandbox_timeout_s: float = Field(300.0, gt=0, description="exec in the sandbox")
 
+    # the web group and every other outbound request (workers/egress.py, workers/netguard.py)
+    web_allow_domains: list[str] = Field(
+        default_factory=list, description="only these (example.com, *.example.com); empty: any"
+    )
+    web_block_domains: list[str] = Field(default_factory=list, description="never these")
+    web_private_allow: list[str] = Field(
+        default_factory=list, description="CIDRs or address:port exempt from the private block"
+    )
+    web_allow_fake_ip_range: bool = Field(
+        False, description="allow 198.18.0.0/15, which fake-IP proxies hand out"
+    )
+    web_proxy: str = Field("", description="send every outbound request through this proxy")
+    web_max_redirects: int = Field(3, ge=0)
+    web_max_url_chars: int = Field(2000, ge=32)
+    web_max_body_bytes: int = Field(5 * 1024 * 1024, ge=1024, description="after decompression")
+    web_connect_timeout_s: float = Field(10.0, gt=0)
+    web_read_timeout_s: float = Field(20.0, gt=0)
+    web_fetch_max_chars: int = Field(100_000, ge=100, description="cap of web_fetch max_chars")
+    web_cache_ttl_s: int = Field(900, ge=0, description="web_fetch and web_search cache; 0: off")
+    web_worker_concurrency: int = Field(100, ge=1, description="threads of a web worker")
+    web_search_providers: list[str] = Field(
+        default_factory=list,
+        description="order of brave, tavily, searxng, duckduckgo; empty: every configured one",
+    )
+    brave_api_key: str = ""
+    brave_base_url: str = "https://api.search.brave.com"
+    tavily_api_key: str = ""
+    tavily_base_url: str = "https://api.tavily.com"
+    searxng_url: str = Field("", description="a SearXNG instance (JSON output enabled)")
+    duckduckgo_url: str = "https://html.duckduckgo.com/html/"
+    web_search_quota_per_day: dict[str, int] = Field(
+        default_factory=dict, description="provider → searches a day, across all workers"
+    )
+    web_search_breaker_failures: int = Field(3, ge=1, description="in a row, then skipped")
+    web_search_breaker_cooldown_s: float = Field(60.0, gt=0)
+
     # the process tool (background commands of a session)
     process_state_dir: str = "/tmp/clawq-processes"
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")

@@ -79,8 +79,12 @@ def worker(group: str, concurrency: int | None, pool: str | None, log_level: str
     """Run a Celery worker executing the tools of one group (any number, on any host)."""
     from workers.main import run_worker
     from workers.registry import default_registry
+    from workers.tools.web.providers import SearchConfigError
 
-    run_worker(settings_from_env(), default_registry(), group, concurrency, pool, log_level)
+    try:
+        run_worker(settings_from_env(), default_registry(), group, concurrency, pool, log_level)
+    except SearchConfigError as exc:  # a configuration error: say it, start nothing
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command()

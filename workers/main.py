@@ -30,6 +30,14 @@ def run_worker(
 
         registry = McpRegistry(registry, settings)
     register_tool_tasks(app, registry, settings, queue=group)
+    if group == Group.web.value:  # calls wait on the network: many threads in one process
+        from workers.tools.web.providers import configured
+
+        configured(settings)  # a provider listed without its key stops the worker here
+        pool = pool or "threads"
+        concurrency = concurrency or settings.web_worker_concurrency
+    pool = pool or settings.worker_pool
+    app.conf.worker_pool = pool  # the pool the signals in workers.tasks see
     queues = [group]
     if group == Group.runtime.value:  # calls about a host's background processes
         queues.append(host_queue(socket.gethostname()))
@@ -44,7 +52,7 @@ def run_worker(
             "--without-gossip",
             "--without-mingle",
             "-P",
-            pool or settings.worker_pool,
+            pool,
             "-c",
             str(concurrency or settings.worker_concurrency),
             "-l",

@@ -134,6 +134,15 @@ class Registry:
 
 def default_registry() -> Registry:
     """Every native tool; declarations are cheap to import (implementations import lazily)."""
-    from workers.tools import fs, process, runtime, sessions, subagents
+    from workers.tools import fs, process, runtime, sessions, subagents, web
 
-    return Registry([*fs.TOOLS, *runtime.TOOLS, *process.TOOLS, *sessions.TOOLS, *subagents.TOOLS])
+    return Registry(
+        [
+            *fs.TOOLS,
+            *runtime.TOOLS,
+            *process.TOOLS,
+            *sessions.TOOLS,
+            *subagents.TOOLS,
+            *web.TOOLS,
+        ]
+    )

@@ -23,10 +23,7 @@ def make_tool(name: str, group: Group) -> type[Tool[Any]]:
 
 def registry() -> Registry:
     reg = default_registry()
-    reg.register(
-        make_tool("message", Group.messaging),
-        make_tool("web_fetch", Group.web),
-    )
+    reg.register(make_tool("message", Group.messaging))
     return reg
 
 
@@ -46,6 +43,7 @@ ALL = FS | {
     "sessions_send",
     "message",
     "web_fetch",
+    "web_search",
 }
 
 

@@ -44,6 +44,8 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "sessions_list",
             "sessions_history",
             "sessions_spawn",
+            "web_fetch",
+            "web_search",
             "spawn",
             "subagents",
             "sessions_send",
@@ -85,4 +87,4 @@ def test_declaration_problems_are_reported_together() -> None:
 
 def test_groups_have_queues() -> None:
     groups = default_registry().groups()
-    assert groups == [Group.fs, Group.runtime, Group.sessions]
+    assert groups == [Group.fs, Group.runtime, Group.web, Group.sessions]

@@ -1,0 +1,128 @@
+"""(m) web_fetch at scale: 200 concurrent calls of a local endpoint that answers after 200 ms,
+through ONE web worker process (threads pool), against bare httpx asyncio fetching the same
+200 URLs in the same run. Both walls and the ratio are printed; every call must succeed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from broker.messages import CallContext, CallEnvelope
+from orchestrator.dispatch import running_dispatcher
+
+CALLS = int(os.environ.get("BENCH_WEB_CALLS", "200"))
+DELAY_S = 0.2
+THREADS = int(os.environ.get("BENCH_WEB_THREADS", "100"))  # the default of a web worker
+PAGE = b"<html><head><title>t</title></head><body><p>" + b"slow words " * 60 + b"</p></body></html>"
+
+
+class Slow(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        time.sleep(DELAY_S)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(PAGE)))
+        self.end_headers()
+        self.wfile.write(PAGE)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+
+
+async def bare(urls: list[str]) -> float:
+    async with httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=len(urls)), timeout=30
+    ) as client:
+        started = time.perf_counter()
+        responses = await asyncio.gather(*(client.get(u) for u in urls))
+        wall = time.perf_counter() - started
+    if any(r.status_code != 200 for r in responses):
+        raise RuntimeError("bare httpx: a request failed")
+    return wall
+
+
+async def through_clawq(bench: Any, urls: list[str]) -> float:
+    async with running_dispatcher(bench.settings, f"bench-web-{uuid.uuid4().hex[:6]}") as d:
+        job = uuid.uuid4().hex
+
+        async def one(i: int, url: str) -> None:
+            envelope = CallEnvelope(
+                call_id=f"w{i}",
+                job_id=job,
+                session_id=job,
+                tool="web_fetch",
+                input={"url": url},
+                context=CallContext(workspace="/tmp"),
+                timeout_s=60,
+                deadline=time.time() + 600,
+                reply_to=d.reply_key,
+            )
+            outcome = await d.call(envelope, "web")
+            if outcome.is_error or "slow words" not in outcome.for_llm:
+                raise RuntimeError(f"web_fetch {url} failed: {outcome.for_llm[:200]}")
+
+        await one(-1, urls[0] + "&warm=1")
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i, u) for i, u in enumerate(urls)))
+        return time.perf_counter() - started
+
+
+def run(console: Console, bench: Any, process: Any, wait_for: Any) -> None:
+    server = Server(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    port = server.server_address[1]
+    env = {
+        **bench.env,
+        "CLAWQ_WEB_PRIVATE_ALLOW": f'["127.0.0.1:{port}"]',
+        "CLAWQ_WEB_WORKER_CONCURRENCY": str(THREADS),
+    }
+    worker = [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "worker",
+        "--group",
+        "web",
+        "--log-level",
+        "warning",
+    ]
+    try:
+        base_urls = [f"http://127.0.0.1:{port}/p?n={i}" for i in range(CALLS)]
+        bare_wall = asyncio.run(bare(base_urls))
+        with process(worker, env):
+            wait_for(bench.workers_ready("web", 1))
+            run_id = uuid.uuid4().hex[:6]  # fresh URLs: nothing comes from the cache
+            ours = asyncio.run(through_clawq(bench, [f"{u}&r={run_id}" for u in base_urls]))
+    finally:
+        server.shutdown()
+        server.server_close()
+    table = Table(
+        title=f"(m) {CALLS} concurrent web_fetch of a {DELAY_S * 1000:.0f} ms endpoint, "
+        f"one web worker process ({THREADS} threads)"
+    )
+    for col in ("path", "wall s", "vs bare httpx asyncio"):
+        table.add_column(col, justify="right")
+    table.add_row("bare httpx.AsyncClient, same URLs", f"{bare_wall:.3f}", "1.00x")
+    table.add_row(
+        "clawq web_fetch (queue, worker, egress guard, extraction)",
+        f"{ours:.3f}",
+        f"{ours / bare_wall:.2f}x",
+    )
+    console.print(table)
