@@ -283,3 +283,26 @@ def test_bad_private_allow_entries_are_configuration_errors() -> None:
     networks, endpoints = parse_private_allow(["10.0.0.0/8", "127.0.0.1:8080", "[::1]:9000"])
     assert [str(n) for n in networks] == ["10.0.0.0/8"]
     assert endpoints == {("127.0.0.1", 8080), ("::1", 9000)}
+
+
+def test_a_proxy_carries_every_request_and_the_names_are_still_checked(victim: Site) -> None:
+    # a forward proxy sees the absolute URL in the request line: this one answers itself
+    with Site({"/page": Reply(200, b"through the proxy")}) as proxy:
+        networks, endpoints = parse_private_allow([proxy.endpoint])
+        client = Egress(
+            EgressPolicy(proxy=proxy.url, private_networks=networks, private_endpoints=endpoints),
+            resolver=lambda host, port: [PUBLIC] if host == "public.test" else resolver(host, port),
+        )
+        done = client.request("GET", "http://public.test/page")
+        assert done.body == b"through the proxy"
+        (request,) = proxy.seen
+        assert request.headers["host"] == "public.test"  # the proxy was asked for the target
+        for url in (
+            "http://rebind.test/",
+            f"http://127.0.0.1:{victim.port}/",
+            "http://x.internal/",
+        ):
+            with pytest.raises(EgressError, match="url_not_allowed"):
+                client.request("GET", url)
+        assert len(proxy.seen) == 1 and victim.seen == []
+        client.close()
