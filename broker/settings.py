@@ -175,6 +175,29 @@ class Settings(BaseSettings):
     web_search_breaker_failures: int = Field(3, ge=1, description="in a row, then skipped")
     web_search_breaker_cooldown_s: float = Field(60.0, gt=0)
 
+    # secrets at rest (custom tools' env): AES-256-GCM, base64 keys of 32 bytes
+    secret_key: str = Field("", description="the current key; `clawq secret-key` makes one")
+    secret_key_id: str = Field("k1", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    secret_keys_retired: dict[str, str] = Field(
+        default_factory=dict, description="key id → key, to open what older keys sealed"
+    )
+
+    # custom tools (goclaw §8): shell templates defined at run time, run on runtime workers
+    custom_tool_max_timeout_s: int = Field(600, ge=1)
+
+    # the HTTP API (`clawq api`)
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8420, ge=1, le=65535)
+    api_tls_certfile: str = ""
+    api_tls_keyfile: str = ""
+    api_behind_tls_proxy: bool = Field(
+        False, description="a proxy in front terminates TLS: serve plain HTTP off loopback"
+    )
+    api_cors_origins: list[str] = Field(default_factory=list, description="none: no CORS")
+    api_rate_limit_per_minute: int = Field(600, ge=0, description="requests per key; 0: off")
+    api_max_running_jobs: int = Field(20, ge=1, description="jobs per key running at once")
+    api_sse_keepalive_s: float = Field(15.0, gt=0)
+
     # the process tool (background commands of a session)
     process_state_dir: str = "/tmp/clawq-processes"
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")

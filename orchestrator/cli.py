@@ -97,6 +97,29 @@ def orchestrator(log_level: str) -> None:
     asyncio.run(Orchestrator(settings_from_env()).run())
 
 
+@main.command()
+@click.option("--host", default=None, help="Address to listen on (default CLAWQ_API_HOST).")
+@click.option("--port", type=int, default=None, help="Port (default CLAWQ_API_PORT, 8420).")
+@log_option
+def api(host: str | None, port: int | None, log_level: str) -> None:
+    """Run the HTTP API (FastAPI on uvicorn); docs at /docs, OpenAPI at /openapi.json."""
+    from orchestrator.api.serve import ExposureError, serve
+
+    settings = settings_from_env()
+    try:
+        serve(settings, host or settings.api_host, port or settings.api_port, log_level)
+    except ExposureError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("secret-key")
+def secret_key() -> None:
+    """Print a new CLAWQ_SECRET_KEY (base64 of 32 random bytes) for sealing secrets."""
+    from broker.secretbox import new_key
+
+    click.echo(new_key())
+
+
 def _groups() -> list[str]:
     """Every group with tools, and mcp (its tools come from the servers configured)."""
     from workers.registry import default_registry
@@ -414,9 +437,13 @@ def demo(workers_per_group: int) -> None:
 
 
 def _add_subcommands() -> None:
+    from orchestrator.cli_keys import keys
     from orchestrator.cli_mcp import mcp
+    from orchestrator.cli_tools import tools
 
     main.add_command(mcp)
+    main.add_command(tools)
+    main.add_command(keys)
 
 
 _add_subcommands()

@@ -2,6 +2,7 @@
 
 from orchestrator.client import Client
 client = Client()   # CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL from the environment
+client = Client(api_url="https://clawq.example", api_key="clawq_…")  # over the HTTP API
 job = client.submit("tidy the notes", model="scripted", script=script,
                     workspace="/srv/ws", allow=["exec"])
 for event in job.events():
@@ -24,6 +25,7 @@ import redis
 from broker import changes, events, keys
 from broker.celery_app import create_app
 from broker.control import cancel_jobs
+from broker.custom_tools import TOPIC as CUSTOM_TOPIC
 from broker.messages import (
     AGENT_RUN_TASK,
     AGENTS_QUEUE,
@@ -37,6 +39,7 @@ from broker.policy_config import PermissionMode, PermissionRules
 from broker.settings import Settings
 from broker.store import Store
 from orchestrator.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
+from orchestrator.custom_admin import CustomAdmin
 from orchestrator.mcp_admin import McpAdmin
 from orchestrator.providers.base import ModelError
 from orchestrator.providers.scripted import parse_script
@@ -148,7 +151,29 @@ class Job:
 
 
 class Client:
-    def __init__(self, settings: Settings | None = None) -> None:
+    """Direct (Redis and PostgreSQL, for the cluster's own processes and tests), or with
+    `api_url` and `api_key` over the HTTP API (`orchestrator.remote`), same methods."""
+
+    def __new__(
+        cls,
+        settings: Settings | None = None,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> Client:
+        if api_url is not None and cls is Client:
+            from orchestrator.remote import RemoteClient
+
+            return object.__new__(RemoteClient)
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.settings = settings or Settings()
         self.redis = redis.Redis.from_url(self.settings.redis_url)
         self.store = Store(self.settings.database_url)
@@ -180,6 +205,7 @@ class Client:
         user: str = "",
         max_iterations: int | None = None,
         system: str = "",
+        job_id: str | None = None,
     ) -> Job:
         """Store the job and queue its agent run; returns at once.
 
@@ -221,7 +247,7 @@ class Client:
             max_iterations=max_iterations or self.settings.max_iterations,
             system=system,
         )
-        job_id = uuid.uuid4().hex
+        job_id = job_id or uuid.uuid4().hex
         self.store.create_job(job_id, session_id=job_id, spec=spec, user_id=user)
         events.emit_sync(
             self.redis, Event(type="job_queued", job_id=job_id), self.settings.events_ttl_s
@@ -235,6 +261,13 @@ class Client:
     def mcp(self) -> McpAdmin:
         """MCP servers, their tools, grants and access requests."""
         return McpAdmin(self.store, lambda: changes.announce(self.redis, changes.MCP))
+
+    @property
+    def custom_tools(self) -> CustomAdmin:
+        """Custom tools: define, list, show, disable, remove (each change announced)."""
+        return CustomAdmin(
+            self.store, self.settings, lambda: changes.announce(self.redis, CUSTOM_TOPIC)
+        )
 
     def job(self, job_id: str) -> Job:
         return Job(self, job_id)

@@ -41,6 +41,7 @@ from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 from broker.store import AsyncStore
 from orchestrator.approvals import ApprovalAnswer, Approvals
+from orchestrator.custom_catalog import CustomCatalog
 from orchestrator.dispatch import Dispatcher
 from orchestrator.hooks import Hooks
 from orchestrator.loop import JobRun, Services
@@ -104,6 +105,7 @@ class Orchestrator:
                 self.settings.announce_drain_at,
                 inbox_ttl_s=self.settings.events_ttl_s,
             ),
+            CustomCatalog(self.redis, self.store.pool),
         )
         self.announcements = self.services.announcements
         background = [

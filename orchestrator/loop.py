@@ -35,6 +35,7 @@ from broker.settings import Settings
 from broker.store import AsyncStore
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import Message, ToolCall, ToolResultBlock
+from orchestrator.custom_catalog import CustomCatalog
 from orchestrator.dispatch import Dispatcher, cancelled_outcome
 from orchestrator.gate import Gate, Ready, Refused
 from orchestrator.hooks import Hooks
@@ -69,6 +70,7 @@ class Services:
     app: Celery
     task_events: AgentTaskEvents
     announcements: AnnounceQueue  # synchronous (shared with workers): call it in a thread
+    custom: CustomCatalog
 
 
 class JobCancelled(Exception):
@@ -87,14 +89,16 @@ class JobRun:
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
         self.registry, self.policy = services.registry, services.policy  # + its MCP tools
 
-    async def load_mcp_tools(self) -> None:
-        """The MCP tools granted to this job's agent or user join its registry."""
+    async def load_tools(self) -> None:
+        """The agent's custom tools and the MCP tools granted to its agent or user join
+        this job's registry."""
         s, spec = self.s, self.spec
         rows = await accessible_tools(s.store.pool, spec.agent_id, spec.user_id)
+        timeout = s.settings.mcp_call_timeout_s
+        extra = [*await s.custom.for_agent(spec.agent_id), *(tool_class(r, timeout) for r in rows)]
         self.registry, self.policy = s.registry, s.policy
-        if rows:
-            timeout = s.settings.mcp_call_timeout_s
-            self.registry = s.registry.extended(tool_class(r, timeout) for r in rows)
+        if extra:
+            self.registry = s.registry.extended(extra)
             self.policy = PolicyEngine(self.registry, s.settings.tool_policy)
 
     def prepare(self) -> None:
@@ -151,7 +155,7 @@ class JobRun:
         if not resumed:
             await self.append(Message(role="user", text=self.spec.prompt, job_id=self.job_id))
         try:
-            await self.load_mcp_tools()
+            await self.load_tools()
             self.prepare()
             status, text, error = await self.loop()
         except (ModelError, RuleError, PolicyError) as exc:

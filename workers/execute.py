@@ -216,7 +216,7 @@ class WorkerRuntime:
 
 def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
     """Validate and run one tool; every failure becomes an error result for the model."""
-    parsed = registry.parse(name, raw_input)
+    parsed = registry.parse(name, raw_input, ctx.context.agent_id)
     if isinstance(parsed, ToolResult):
         return parsed
     tool, args = parsed

@@ -29,6 +29,10 @@ def run_worker(
         from workers.tools.mcp import McpRegistry
 
         registry = McpRegistry(registry, settings)
+    if group == Group.runtime.value:  # custom tools come from PostgreSQL, by agent and name
+        from workers.tools.custom import CustomRegistry
+
+        registry = CustomRegistry(registry, settings)
     register_tool_tasks(app, registry, settings, queue=group)
     if group == Group.web.value:  # calls wait on the network: many threads in one process
         from workers.tools.web.providers import configured

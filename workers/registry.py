@@ -80,9 +80,15 @@ class Registry:
     def groups(self) -> list[Group]:
         return sorted({tool.group for tool in self}, key=list(Group).index)
 
-    def parse(self, name: str, raw: Any) -> tuple[Tool[Any], ToolInput] | ToolResult:
+    def resolve(self, name: str, agent_id: str) -> Tool[Any] | None:
+        """A tool not declared here but known elsewhere (a custom tool of the agent)."""
+        return None
+
+    def parse(
+        self, name: str, raw: Any, agent_id: str = ""
+    ) -> tuple[Tool[Any], ToolInput] | ToolResult:
         """The tool and its validated input, or an error result; no tool code runs here."""
-        tool = self.get(name)
+        tool = self.get(name) or self.resolve(name, agent_id)
         if tool is None:
             return ToolResult.error(
                 f"Unknown tool '{name}'. Available tools: {', '.join(self.names())}."

@@ -90,7 +90,14 @@ def vendor_patterns() -> tuple[re.Pattern[str], ...]:
 
 def secrets_of(settings: Settings) -> list[str]:
     """Literal secret values this process holds: API keys and passwords in service URLs."""
-    found = [settings.openai_api_key, settings.anthropic_api_key]
+    found = [
+        settings.openai_api_key,
+        settings.anthropic_api_key,
+        settings.brave_api_key,
+        settings.tavily_api_key,
+        settings.secret_key,
+        *settings.secret_keys_retired.values(),
+    ]
     for url in (settings.redis_url, settings.database_url):
         found.append(urlsplit(url).password or "")
     return [s for s in found if len(s) >= 6]

@@ -53,6 +53,10 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
         from workers.tools.mcp import MCP_TASK
 
         declare(MCP_TASK, Group.mcp.value, settings.mcp_call_timeout_s)
+    if queue == Group.runtime.value:  # and every custom tool
+        from workers.tools.custom import CUSTOM_TASK
+
+        declare(CUSTOM_TASK, Group.runtime.value, settings.custom_tool_max_timeout_s)
 
     def start() -> None:
         runtime()

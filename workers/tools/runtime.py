@@ -128,23 +128,36 @@ class Exec(Tool[ExecInput]):
         return min(args.timeout_s or default, settings.exec_max_timeout_s)
 
     def run(self, args: ExecInput, ctx: ToolContext) -> ToolResult:
-        if finding := judge_line(args.command, args.working_dir):  # the queue is a trust boundary
-            raise ToolError(finding.message())
-        ws = workspace(ctx)
-        cwd = ws.resolve(args.working_dir)
-        if not os.path.isdir(cwd):
-            raise ToolError(f"working_dir '{args.working_dir}' is not a directory")
         timeout = self.timeout(args, ctx.settings)
-        started = time.monotonic()
-        if ctx.settings.sandbox_enabled:
-            if ctx.sandbox is None:
-                raise ToolError("the sandbox is enabled but this worker has none; not running")
-            done = _in_sandbox(ctx.sandbox, ctx, ws.root, cwd, args.command, timeout)
-        else:
-            argv, where = host_argv(ctx, ws.root, cwd, args.command)
-            cap = ctx.settings.exec_output_cap_bytes
-            done = _on_host(argv, cwd, timeout, cap, ctx.cancelled, where)
-        return _result(args.command, done, timeout, time.monotonic() - started)
+        return run_shell(ctx, args.command, args.working_dir, timeout)
+
+
+def run_shell(
+    ctx: ToolContext,
+    command: str,
+    working_dir: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> ToolResult:
+    """Judge `command` again (the queue is a trust boundary), then run it in the sandbox
+    or confined on this host, with `env` added, its output capped; exec and custom tools
+    both run this way."""
+    if finding := judge_line(command, working_dir):
+        raise ToolError(finding.message())
+    ws = workspace(ctx)
+    cwd = ws.resolve(working_dir)
+    if not os.path.isdir(cwd):
+        raise ToolError(f"working_dir '{working_dir}' is not a directory")
+    started = time.monotonic()
+    if ctx.settings.sandbox_enabled:
+        if ctx.sandbox is None:
+            raise ToolError("the sandbox is enabled but this worker has none; not running")
+        done = _in_sandbox(ctx.sandbox, ctx, ws.root, cwd, command, timeout, env or {})
+    else:
+        argv, where = host_argv(ctx, ws.root, cwd, command)
+        cap = ctx.settings.exec_output_cap_bytes
+        done = _on_host(argv, cwd, timeout, cap, ctx.cancelled, where, env or {})
+    return _result(command, done, timeout, time.monotonic() - started)
 
 
 def host_argv(
@@ -172,12 +185,13 @@ class _Done:
     cancelled: str | None = None
 
 
-def command_env(cwd: str) -> dict[str, str]:
-    """The environment of a host command: the short inherited list, no worker secrets."""
+def command_env(cwd: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a host command: the short inherited list (no worker secrets),
+    and what the tool adds (a custom tool's own env)."""
     env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["PWD"] = cwd
-    return env
+    return {**env, **(extra or {})}
 
 
 def _on_host(
@@ -187,13 +201,14 @@ def _on_host(
     cap: int,
     cancelled: Callable[[], str | None],
     where: str,
+    extra_env: dict[str, str] | None = None,
 ) -> _Done:
     """Run `argv` in its own process group; a timeout or a cancel kills the group (under
     bubblewrap, killing it tears down the command's whole PID namespace)."""
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
-        env=command_env(cwd),
+        env=command_env(cwd, extra_env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -226,13 +241,19 @@ def _on_host(
 
 
 def _in_sandbox(
-    sandbox: Sandbox, ctx: ToolContext, root: str, cwd: str, command: str, timeout: float
+    sandbox: Sandbox,
+    ctx: ToolContext,
+    root: str,
+    cwd: str,
+    command: str,
+    timeout: float,
+    env: dict[str, str],
 ) -> _Done:
     cap = ctx.settings.exec_output_cap_bytes
     key = ctx.context.sandbox_key or ctx.job_id
     try:
         run = sandbox.run(
-            key, root, command, cwd, timeout, cap, {"HOME": "/tmp"}, cancelled=ctx.cancelled
+            key, root, command, cwd, timeout, cap, {"HOME": "/tmp", **env}, cancelled=ctx.cancelled
         )
     except SandboxError as exc:
         raise ToolError(f"sandbox error, command not run: {exc}") from exc

@@ -1,0 +1,200 @@
+"""Administration over HTTP, with the behaviour of `clawq mcp` and `clawq tools`: MCP
+servers, the catalog, grants and access requests (requests are open to users, for
+themselves); custom tools. Admin keys only, but for asking access."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from broker.custom_tools import CustomTool
+from broker.mcp_config import Grant, McpServer
+from broker.mcp_store import AccessRequest, McpToolRow
+from orchestrator.api.deps import Admin, ApiError, Caller, Svc
+from orchestrator.custom_admin import CustomAdminError
+from orchestrator.mcp_admin import McpAdminError
+
+router = APIRouter(prefix="/v1", tags=["administration"])
+
+
+def _bad(exc: Exception) -> ApiError:
+    message = str(exc)
+    field = message.split(":", 1)[0] if ":" in message.split(" ", 1)[0] else None
+    return ApiError(400, "invalid_input", message, field)
+
+
+class ServerView(BaseModel):
+    name: str
+    transport: str
+    target: str
+    enabled: bool
+
+
+def _server(s: McpServer) -> ServerView:
+    target = " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url
+    return ServerView(name=s.name, transport=s.transport, target=target, enabled=s.enabled)
+
+
+class GrantBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server: str
+    agent: str | None = None
+    user: str | None = None
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+
+class RequestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server: str
+    agent: str | None = None
+    user: str | None = None
+    allow: list[str] = Field(default_factory=list)
+    reason: str = ""
+
+
+class Review(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve", "reject"]
+
+
+@router.get("/mcp/servers")
+def mcp_servers(caller: Admin, svc: Svc) -> list[ServerView]:
+    return [_server(s) for s in svc.client().mcp.servers()]
+
+
+@router.post("/mcp/servers", status_code=201)
+def mcp_add(body: dict[str, Any], caller: Admin, svc: Svc) -> list[str]:
+    """Add or replace servers from `{"mcpServers": {…}}`."""
+    try:
+        return svc.client().mcp.add(body)
+    except McpAdminError as exc:
+        raise _bad(exc) from None
+
+
+@router.delete("/mcp/servers/{name}", status_code=204)
+def mcp_remove(name: str, caller: Admin, svc: Svc) -> None:
+    try:
+        svc.client().mcp.remove(name)
+    except McpAdminError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+
+
+@router.get("/mcp/tools")
+def mcp_tools(caller: Admin, svc: Svc) -> list[McpToolRow]:
+    return svc.client().mcp.tools()
+
+
+@router.get("/mcp/grants")
+def mcp_grants(caller: Admin, svc: Svc) -> list[Grant]:
+    return svc.client().mcp.grants()
+
+
+@router.post("/mcp/grants", status_code=201)
+def mcp_grant(body: GrantBody, caller: Admin, svc: Svc) -> None:
+    try:
+        svc.client().mcp.grant(
+            body.server,
+            agent=body.agent,
+            user=body.user,
+            allow=body.allow,
+            deny=body.deny,
+            by=f"api:{caller.user_id}",
+        )
+    except McpAdminError as exc:
+        raise _bad(exc) from None
+
+
+@router.delete("/mcp/grants/{server}", status_code=204)
+def mcp_revoke(
+    server: str, caller: Admin, svc: Svc, agent: str | None = None, user: str | None = None
+) -> None:
+    try:
+        svc.client().mcp.revoke(server, agent=agent, user=user)
+    except McpAdminError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+
+
+@router.post("/mcp/requests", status_code=201)
+def mcp_request(body: RequestBody, caller: Caller, svc: Svc) -> dict[str, str]:
+    """Ask for access: a user for themselves, an admin for anyone."""
+    user, agent = body.user, body.agent
+    if not caller.admin:
+        if agent or (user and user != caller.user_id):
+            raise ApiError(403, "forbidden", "a user may ask access only for themselves")
+        user = caller.user_id
+    try:
+        request_id = svc.client().mcp.request(
+            body.server,
+            agent=agent,
+            user=user,
+            allow=body.allow,
+            reason=body.reason,
+            by=f"api:{caller.user_id}",
+        )
+    except McpAdminError as exc:
+        raise _bad(exc) from None
+    return {"id": request_id}
+
+
+@router.get("/mcp/requests")
+def mcp_requests(caller: Admin, svc: Svc, status: str | None = "pending") -> list[AccessRequest]:
+    return svc.client().mcp.requests(None if status == "all" else status)
+
+
+@router.post("/mcp/requests/{request_id}/review")
+def mcp_review(request_id: str, body: Review, caller: Admin, svc: Svc) -> AccessRequest:
+    try:
+        return svc.client().mcp.review(
+            request_id, body.decision == "approve", by=f"api:{caller.user_id}"
+        )
+    except McpAdminError as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+
+
+@router.get("/custom-tools")
+def custom_tools(caller: Admin, svc: Svc) -> list[CustomTool]:
+    return svc.client().custom_tools.list()
+
+
+@router.put("/custom-tools", status_code=201)
+def custom_put(body: dict[str, Any], caller: Admin, svc: Svc) -> CustomTool:
+    """Define or replace a tool (the definition JSON of `clawq tools add`)."""
+    try:
+        return svc.client().custom_tools.put(body)
+    except CustomAdminError as exc:
+        raise _bad(exc) from None
+
+
+@router.get("/custom-tools/{name}")
+def custom_show(name: str, caller: Admin, svc: Svc, agent: str = "") -> CustomTool:
+    try:
+        return svc.client().custom_tools.show(name, agent)
+    except CustomAdminError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+
+
+@router.post("/custom-tools/{name}/disable", status_code=204)
+def custom_disable(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
+    try:
+        svc.client().custom_tools.enable(name, agent, False)
+    except CustomAdminError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+
+
+@router.post("/custom-tools/{name}/enable", status_code=204)
+def custom_enable(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
+    try:
+        svc.client().custom_tools.enable(name, agent, True)
+    except CustomAdminError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+
+
+@router.delete("/custom-tools/{name}", status_code=204)
+def custom_remove(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
+    try:
+        svc.client().custom_tools.remove(name, agent)
+    except CustomAdminError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None

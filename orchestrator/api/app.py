@@ -1,0 +1,97 @@
+"""The HTTP API (`clawq api`): FastAPI on uvicorn, one more client of the store and the
+queues. OpenAPI at /openapi.json, docs at /docs; every error is one JSON shape with a
+stable `code` (a validation error names the field); no CORS unless configured."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from psycopg_pool import AsyncConnectionPool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from broker.ratelimit import RateLimiter
+from broker.settings import Settings
+from broker.store import Store
+from orchestrator.api import admin, jobs
+from orchestrator.api.deps import ApiError, Services
+
+HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store(settings.database_url)
+        store.migrate()
+        store.close()
+        pool = AsyncConnectionPool(
+            settings.database_url,
+            min_size=1,
+            max_size=settings.database_pool_size,
+            open=False,
+            kwargs={"autocommit": True},
+        )
+        await pool.open(wait=True)
+        redis = aioredis.Redis.from_url(settings.redis_url, max_connections=10_000)
+        limiter = RateLimiter(redis, settings.api_rate_limit_per_minute, window_s=60.0)
+        app.state.services = Services(settings, pool, redis, limiter, threading.local())
+        try:
+            yield
+        finally:
+            await pool.close()
+            await redis.aclose()
+
+    app = FastAPI(
+        title="clawq",
+        version="0.1.0",
+        description="Submit agent jobs, follow their events, answer approvals; administer "
+        "MCP servers and custom tools. Authenticate with `Authorization: Bearer <API key>`.",
+        lifespan=lifespan,
+    )
+    app.include_router(jobs.router)
+    app.include_router(admin.router)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors: list[Any] = list(exc.errors())
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        field = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
+        message = f"{field}: {first['msg']}" if field else str(first["msg"])
+        return JSONResponse(
+            ApiError(422, "invalid_input", message, field or None).body(), status_code=422
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return JSONResponse(
+            ApiError(exc.status_code, code, str(exc.detail)).body(), status_code=exc.status_code
+        )
+
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """Alive and able to reach Redis."""
+        await app.state.services.redis.ping()
+        return {"status": "ok"}
+
+    if settings.api_cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.api_cors_origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+        )
+    return app

@@ -1,0 +1,104 @@
+"""What every route of the HTTP API shares: the caller (from an API key), the errors, and
+the direct client each worker thread uses.
+
+The API is one more client of the store and the queues (DESIGN): its routes call the same
+`orchestrator.client.Client` the Python users call, one per thread of the request pool,
+so submitting over HTTP and from Python are one path. Authentication and the per-key
+request limit run on the event loop; a route's blocking work runs in the thread pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request
+from psycopg_pool import AsyncConnectionPool
+
+from broker.api_keys import ApiKey, authenticate
+from broker.ratelimit import RateLimiter
+from broker.settings import Settings
+from orchestrator.client import Client
+
+
+class ApiError(Exception):
+    """Becomes `{"error": {"code", "message", "field"}}` with its status."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field:
+            error["field"] = self.field
+        return {"error": error}
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, "not_found", f"no {what}")
+
+
+@dataclass
+class Services:
+    """Opened once per API process (the lifespan), shared by every request."""
+
+    settings: Settings
+    pool: AsyncConnectionPool
+    redis: aioredis.Redis
+    limiter: RateLimiter
+    local: threading.local
+
+    def client(self) -> Client:
+        """This thread's direct client (its own PostgreSQL connection)."""
+        client = getattr(self.local, "client", None)
+        if client is None:
+            client = self.local.client = Client(self.settings)
+        return client
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str
+    user_id: str
+    admin: bool
+
+    def may_see(self, owner: str) -> bool:
+        return self.admin or owner == self.user_id
+
+
+async def principal(request: Request, svc: Annotated[Services, Depends(services)]) -> Principal:
+    """The caller: a live key in `Authorization: Bearer`, within its request limit."""
+    header = request.headers.get("authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        raise ApiError(401, "unauthorized", "send an API key: Authorization: Bearer clawq_…")
+    key: ApiKey | None = await authenticate(svc.pool, presented)
+    if key is None:
+        raise ApiError(401, "unauthorized", "the API key is wrong or revoked")
+    admitted, used = await svc.limiter.admit(f"api:{key.id}")
+    if not admitted:
+        raise ApiError(
+            429, "rate_limited", f"{used} requests in the last minute: the key's limit; slow down"
+        )
+    return Principal(key.id, key.user_id, key.admin)
+
+
+async def admin(caller: Annotated[Principal, Depends(principal)]) -> Principal:
+    if not caller.admin:
+        raise ApiError(403, "forbidden", "this needs an admin key")
+    return caller
+
+
+Caller = Annotated[Principal, Depends(principal)]
+Admin = Annotated[Principal, Depends(admin)]
+Svc = Annotated[Services, Depends(services)]
