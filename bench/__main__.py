@@ -32,7 +32,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import confinement, web
+from bench import api, confinement, web
 from broker import keys
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
@@ -611,6 +611,7 @@ def main() -> None:
             sections = {
                 "confinement": lambda: confinement.run(console),
                 "web": lambda: web.run(console, bench, process, wait_for),
+                "api": lambda: api.run(console, bench, process, wait_for),
             }
             for name in only:
                 sections[name]()
@@ -748,6 +749,7 @@ def main() -> None:
         console.print(table)
         confinement.run(console)
         web.run(console, bench, process, wait_for)
+        api.run(console, bench, process, wait_for)
     finally:
         bench.close()
 

@@ -149,14 +149,15 @@ def up(workers_per_group: int, log_level: str) -> None:
         write_state(services)
         console.print(f"embedded services: {env}")
     settings = settings_for(env)
-    stack = Stack(_groups(), workers_per_group, env=env, log_level=log_level)
+    stack = Stack(_groups(), workers_per_group, env=env, log_level=log_level, api=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the stack on TERM too
     try:
         stack.start()
         stack.wait_ready(settings.redis_url)
         console.print(
             f"[green]stack up[/]: orchestrator + {workers_per_group} worker(s) for "
-            f"{', '.join(stack.groups)}. Ctrl-C stops it."
+            f"{', '.join(stack.groups)}; the API on http://{settings.api_host}:"
+            f"{settings.api_port} (keys: clawq keys create --user U). Ctrl-C stops it."
         )
         while True:  # a process that dies is restarted, with a backoff
             stack.supervise(lambda line: console.print(f"[yellow]{escape(line)}[/]"))
@@ -401,7 +402,7 @@ def demo(workers_per_group: int) -> None:
         env = services.env()
     settings = settings_for(env)
     script = json.loads((resources.files("orchestrator") / "demo_script.json").read_text())
-    stack = Stack(_groups(), workers_per_group, env=env)
+    stack = Stack(_groups(), workers_per_group, env=env, api=True)
     ok = False
     try:
         stack.start()

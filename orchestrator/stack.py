@@ -31,6 +31,7 @@ class Stack:
         concurrency: int | None = None,
         log_level: str = "warning",
         orchestrators: int = 1,
+        api: bool = False,
     ) -> None:
         self.groups = list(groups)
         self.workers_per_group = workers_per_group
@@ -38,6 +39,7 @@ class Stack:
         self.concurrency = concurrency
         self.log_level = log_level
         self.orchestrators = orchestrators
+        self.api = api
         self.procs: list[subprocess.Popen[bytes]] = []
         self.commands: list[list[str]] = []
         self.started: list[float] = []
@@ -76,6 +78,8 @@ class Stack:
     def start(self) -> None:
         for _ in range(self.orchestrators):
             self._spawn("orchestrator")
+        if self.api:
+            self._spawn("api")
         for group in self.groups:
             for _ in range(self.workers_per_group):
                 extra = ["--concurrency", str(self.concurrency)] if self.concurrency else []

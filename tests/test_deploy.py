@@ -135,6 +135,21 @@ def test_the_app_services_are_the_clawq_processes(
     assert worker_services, "no worker service"
 
 
+def test_the_api_serves_behind_a_tls_proxy_and_publishes_on_loopback(
+    app_services: dict[str, Service],
+) -> None:
+    from orchestrator.api.serve import check_exposure
+
+    api = app_services["api"]
+    args = command_args(api)
+    assert args[:2] == ["api", "--host"]
+    settings = Settings.model_validate(
+        {k.removeprefix("CLAWQ_").lower(): v for k, v in api["environment"].items()}
+    )
+    check_exposure(settings, args[2])  # it would start: a proxy in front terminates TLS
+    assert all(p.startswith("127.0.0.1:") for p in api["ports"])
+
+
 def test_one_worker_service_per_tool_group(worker_services: dict[str, Service]) -> None:
     # the mcp group is dynamic (tools come from the catalog): it needs its workers too
     expected = [g.value for g in default_registry().groups()] + [Group.mcp.value]

@@ -21,6 +21,7 @@ from broker.settings import Settings
 from broker.store import Store
 from orchestrator.api import admin, jobs
 from orchestrator.api.deps import ApiError, Services
+from orchestrator.api.streams import EventHub
 
 HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
 
@@ -41,10 +42,13 @@ def create_app(settings: Settings) -> FastAPI:
         await pool.open(wait=True)
         redis = aioredis.Redis.from_url(settings.redis_url, max_connections=10_000)
         limiter = RateLimiter(redis, settings.api_rate_limit_per_minute, window_s=60.0)
-        app.state.services = Services(settings, pool, redis, limiter, threading.local())
+        hub = EventHub(redis)
+        await hub.start()
+        app.state.services = Services(settings, pool, redis, limiter, threading.local(), hub)
         try:
             yield
         finally:
+            await hub.stop()
             await pool.close()
             await redis.aclose()
 

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from broker.api_keys import ApiKey, authenticate
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
+from orchestrator.api.streams import EventHub
 from orchestrator.client import Client
 
 
@@ -53,6 +54,7 @@ class Services:
     redis: aioredis.Redis
     limiter: RateLimiter
     local: threading.local
+    hub: EventHub
 
     def client(self) -> Client:
         """This thread's direct client (its own PostgreSQL connection)."""

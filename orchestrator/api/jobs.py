@@ -13,7 +13,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import keys
-from broker.messages import FINAL_STATUSES, Event, JobResult, Subagent
+from broker.messages import FINAL_STATUSES, JobResult, Subagent
 from broker.policy_config import PermissionMode
 from orchestrator.api.deps import ApiError, Caller, Services, Svc, not_found
 from orchestrator.client import ClientError
@@ -150,25 +150,17 @@ async def events(
 ) -> AsyncIterator[ServerSentEvent]:
     """The job's events as SSE, from the start or after `Last-Event-ID` (or `?after=`);
     the stream ends after `job_finished`."""
-    last = last_event_id or after or "0-0"
-    stream = keys.events(job_id)
-    keepalive_ms = int(svc.settings.api_sse_keepalive_s * 1000)
-    while True:
-        batch: Any = await svc.redis.xread({stream: last}, count=200, block=keepalive_ms)
-        if not batch:
-            async with svc.pool.connection() as conn:
-                cur = await conn.execute("SELECT status FROM jobs WHERE id = %s", (job_id,))
-                row = await cur.fetchone()
-            if row is None or row[0] in FINAL_STATUSES:
-                return
-            yield ServerSentEvent(comment="keep-alive")
+    watching = svc.hub.watch(job_id, last_event_id or after, svc.settings.api_sse_keepalive_s)
+    async for event in watching:
+        if event is not None:
+            yield ServerSentEvent(raw_data=event.json, event=event.type, id=event.id)
             continue
-        for entry_id, fields in batch[0][1]:
-            event = Event.model_validate_json(fields[b"e"])
-            event.id = last = entry_id.decode()
-            yield ServerSentEvent(data=event.model_dump(mode="json"), event=event.type, id=event.id)
-            if event.type == "job_finished":
-                return
+        async with svc.pool.connection() as conn:  # quiet: has it ended without a word?
+            cur = await conn.execute("SELECT status FROM jobs WHERE id = %s", (job_id,))
+            row = await cur.fetchone()
+        if row is None or row[0] in FINAL_STATUSES:
+            return
+        yield ServerSentEvent(comment="keep-alive")
 
 
 @router.post("/jobs/{job_id}/approvals/{request_id}", status_code=204)

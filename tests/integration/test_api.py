@@ -328,6 +328,16 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
     assert outputs["none"].is_error and "text" in outputs["none"].output  # the schema refused
     assert outputs["none"].worker == "orchestrator"
     assert not list(workspace.rglob("pwned"))
+    # disabled: the next job does not have it
+    assert http(api, keys["admin"]).post("/v1/custom-tools/echo_args/disable").status_code == 204
+    later = cluster.client.submit(
+        "again",
+        workspace=str(workspace),
+        allow=["echo_args"],
+        script=script({"tool_calls": [call("c", "echo_args", text="x")]}, {"text": "t"}),
+    )
+    (gone,) = later.wait(timeout=60).tool_calls
+    assert gone.is_error and gone.output.startswith("Unknown tool 'echo_args'")
 
 
 def test_a_template_with_an_undeclared_key_is_refused_when_defined(

@@ -103,14 +103,13 @@ class CustomToolBase(Tool[CustomInput]):
         )
 
 
-_classes: dict[tuple[str, int, str], type[CustomToolBase]] = {}
+_classes: dict[str, type[CustomToolBase]] = {}
 _lock = threading.Lock()
 
 
 def tool_class(definition: CustomTool) -> type[CustomToolBase]:
-    """The declaration of one definition (made once per id and version)."""
-    stamp = definition.updated_at.isoformat() if definition.updated_at else ""
-    key = (definition.id, definition.version, stamp)
+    """The declaration of one definition (made once per distinct definition)."""
+    key = definition.model_dump_json() + definition.env_sealed
     with _lock:
         if key not in _classes:
             schema = {"type": "object", "properties": {}, **definition.parameters}
