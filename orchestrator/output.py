@@ -49,7 +49,7 @@ def table(
             drawn.add_row(*row)
         Console().print(drawn)
         return
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
     for line in [list(columns), *rows]:
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
 
