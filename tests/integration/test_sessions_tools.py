@@ -59,7 +59,7 @@ def test_status_history_and_list(cluster: Cluster, workspace: Path) -> None:
     assert history[0] == "#0 user: look back"
     assert history[1].startswith("#1 assistant: noting write_file(")
     assert history[2] == "#2 tool: write_file → wrote 1 bytes to n.txt"
-    assert len(history) == int(seen[1])
+    assert len(history) in (3, 4)  # run beside session_status: either may see #3 first
     if len(history) == 4:
         assert history[3].startswith("#3 assistant:") and "session_status({})" in history[3]
     final = cluster.client.store.session_status(job.id)
