@@ -170,6 +170,7 @@ EventType = Literal[
     "subagent_spawned",
     "subagent_finished",
     "announce_delivered",
+    "memory_index_failed",
     "job_finished",
 ]
 

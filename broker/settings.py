@@ -198,6 +198,44 @@ class Settings(BaseSettings):
     api_max_running_jobs: int = Field(20, ge=1, description="jobs per key running at once")
     api_sse_keepalive_s: float = Field(15.0, gt=0)
 
+    # context files (SOUL.md, …) in the system prompt: this order, each cut at a cap
+    context_prompt_files: list[str] = Field(
+        default_factory=lambda: [
+            "AGENTS.md",
+            "SOUL.md",
+            "TOOLS.md",
+            "IDENTITY.md",
+            "USER.md",
+            "HEARTBEAT.md",
+            "BOOTSTRAP.md",
+        ],
+        description="context files put in a job's system prompt, in this order",
+    )
+    context_file_max_chars: int = Field(20_000, ge=100, description="per file in the prompt")
+    context_prompt_max_chars: int = Field(150_000, ge=100, description="all files together")
+
+    # memory (MEMORY.md, memory/**) and memory_search
+    memory_embedder: Literal["auto", "openai", "local", "none"] = Field(
+        "auto", description="auto: openai when its URL is set, else local when installed"
+    )
+    memory_openai_url: str = Field(
+        "", description="an OpenAI-compatible API base, e.g. https://api.openai.com/v1"
+    )
+    memory_openai_api_key: str = ""
+    memory_openai_model: str = "text-embedding-3-small"
+    memory_openai_dimensions: int | None = Field(None, ge=1)
+    memory_chunk_tokens: int = Field(400, ge=16)
+    memory_chunk_overlap_tokens: int = Field(80, ge=0)
+    memory_max_results: int = Field(6, ge=1, le=50)
+    memory_snippet_chars: int = Field(700, ge=50)
+    memory_vector_weight: float = Field(0.7, ge=0)
+    memory_text_weight: float = Field(0.3, ge=0)
+    memory_candidate_multiplier: int = Field(4, ge=1)
+    memory_max_document_bytes: int = Field(1024 * 1024, ge=1024)
+    memory_index_retry_s: float = Field(30.0, gt=0, description="first retry; doubles")
+    memory_outbox_sweep_s: float = Field(30.0, gt=0, description="how often lost tasks resend")
+    memory_index_timeout_s: float = Field(600.0, gt=0, description="one document's indexing")
+
     # the process tool (background commands of a session)
     process_state_dir: str = "/tmp/clawq-processes"
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")

@@ -15,6 +15,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from broker import pg_features
 from broker.messages import CallOutcome, JobResult, JobSpec, ToolCallRecord
 
 MIGRATION_LOCK = 7_415_922_001
@@ -121,6 +122,7 @@ def migrate(conn: psycopg.Connection[Any]) -> None:
             if version not in done:
                 conn.execute(sql.encode())
                 conn.execute("INSERT INTO clawq_migrations (version) VALUES (%s)", (version,))
+        pg_features.install(conn)
 
 
 def _job_params(job_id: str, session_id: str, spec: JobSpec) -> tuple[Any, ...]:

@@ -41,6 +41,7 @@ from orchestrator.gate import Gate, Ready, Refused
 from orchestrator.hooks import Hooks
 from orchestrator.permissions import exec_approvals, hidden_paths, job_rules, network_allowed
 from orchestrator.policy import PolicyEngine, PolicyError
+from orchestrator.prompt import system_prompt
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.rules import RuleError
 from orchestrator.task_events import AgentTaskEvents
@@ -88,6 +89,7 @@ class JobRun:
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
         self.registry, self.policy = services.registry, services.policy  # + its MCP tools
+        self.system = spec.system  # + its agent's context files (load_tools)
 
     async def load_tools(self) -> None:
         """The agent's custom tools and the MCP tools granted to its agent or user join
@@ -97,6 +99,9 @@ class JobRun:
         timeout = s.settings.mcp_call_timeout_s
         extra = [*await s.custom.for_agent(spec.agent_id), *(tool_class(r, timeout) for r in rows)]
         self.registry, self.policy = s.registry, s.policy
+        self.system = await system_prompt(
+            s.store.pool, s.settings, spec.agent_id, spec.user_id, spec.system
+        )
         if extra:
             self.registry = s.registry.extended(extra)
             self.policy = PolicyEngine(self.registry, s.settings.tool_policy)
@@ -179,7 +184,7 @@ class JobRun:
             turn = self.turns
             await self.emit("turn_started", turn=turn + 1)
             request = ModelRequest(
-                system=self.spec.system,
+                system=self.system,
                 messages=self.messages,
                 openai_tools=self.registry.openai_tools(self.tools),
                 anthropic_tools=self.registry.anthropic_tools(self.tools),

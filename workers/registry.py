@@ -140,7 +140,7 @@ class Registry:
 
 def default_registry() -> Registry:
     """Every native tool; declarations are cheap to import (implementations import lazily)."""
-    from workers.tools import fs, process, runtime, sessions, subagents, web
+    from workers.tools import fs, memory, process, runtime, sessions, subagents, web
 
     return Registry(
         [
@@ -150,5 +150,6 @@ def default_registry() -> Registry:
             *sessions.TOOLS,
             *subagents.TOOLS,
             *web.TOOLS,
+            *memory.TOOLS,
         ]
     )

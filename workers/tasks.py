@@ -58,8 +58,34 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
 
         declare(CUSTOM_TASK, Group.runtime.value, settings.custom_tool_max_timeout_s)
 
+    if queue == Group.memory.value:  # and the indexing of memory documents
+        from workers.tools.memory.index import INDEX_TASK, run_index_task
+
+        def index(document_id: int, version: int = 0) -> None:
+            rt = runtime()
+            run_index_task(settings, rt.store(), rt.redis, document_id)
+
+        app.conf.task_routes[INDEX_TASK] = {"queue": Group.memory.value}
+        app.task(
+            index,
+            name=INDEX_TASK,
+            shared=False,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=settings.memory_index_timeout_s,
+            time_limit=settings.memory_index_timeout_s + settings.tool_grace_s,
+            ignore_result=True,
+        )
+
     def start() -> None:
         runtime()
+        if queue == Group.memory.value:  # resend index tasks that were lost
+            from workers.tools.memory.index import INDEX_TASK, Sweeper
+
+            celery = runtime().celery()
+            Sweeper(
+                settings, lambda doc: celery.send_task(INDEX_TASK, args=[doc], queue=queue)
+            ).start()
         if queue == Group.mcp.value:  # MCP sessions open at start: they list the catalog
             from workers.mcp_client import manager_for_process
 

@@ -44,7 +44,10 @@ ALL = FS | {
     "message",
     "web_fetch",
     "web_search",
+    "memory_search",
+    "memory_get",
 }
+MEMORY = {"memory_search", "memory_get"}
 
 
 @pytest.mark.parametrize(
@@ -65,7 +68,8 @@ ALL = FS | {
                 "spawn",
                 "subagents",
                 "sessions_send",
-            },
+            }
+            | MEMORY,
         ),
         (
             {"profile": "messaging"},
@@ -101,7 +105,7 @@ ALL = FS | {
         ({"allow": ["read_file"], "alsoAllow": ["exec", "not_a_tool"]}, {}, {"read_file", "exec"}),
         ({"deny": ["exec"], "alsoAllow": ["exec"]}, {}, ALL),  # alsoAllow comes after deny
         ({"allow": ["group:goclaw"]}, {}, ALL),
-        ({}, {"depth": 1, "max_depth": 2}, ALL - {"session_status", "sessions_send"}),
+        ({}, {"depth": 1, "max_depth": 2}, ALL - {"session_status", "sessions_send"} - MEMORY),
         (
             {},
             {"depth": 1, "max_depth": 1},
@@ -114,7 +118,8 @@ ALL = FS | {
                 "subagents",
                 "sessions_list",
                 "sessions_history",
-            },
+            }
+            - MEMORY,
         ),
     ],
 )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
 from broker.messages import Group
-from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
+from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import WriteRules, read_text, workspace, write_text
+from workers.tools.fs.intercept import ROUTED, Interceptor, routed, virtual_path
 
 
 class EditFileInput(ToolInput):
@@ -36,24 +39,33 @@ class EditFile(WriteRules, Tool[EditFileInput]):
     default_permission = "allow"  # contained in the workspace; .git/ stays protected
     timeout_s = 30.0
 
+    interceptors: ClassVar[tuple[Interceptor, ...]] = ROUTED
+
     def run(self, args: EditFileInput, ctx: ToolContext) -> ToolResult:
-        ws = workspace(ctx)
-        ws.resolve(args.path, write=True)
-        text = read_text(ws, args.path)
-        count = text.count(args.old_string)
-        if count == 0:
-            return ToolResult.error(
-                f"old_string not found in {args.path}; read the file and copy the text exactly"
-            )
-        if count > 1 and not args.replace_all:
-            return ToolResult.error(
-                f"old_string occurs {count} times in {args.path}; add surrounding context to "
-                "make it unique, or set replace_all"
-            )
-        updated = text.replace(args.old_string, args.new_string)
-        write_text(ws, args.path, updated)
+        def change(text: str) -> tuple[str, int]:
+            count = text.count(args.old_string)
+            if count == 0:
+                raise ToolError(
+                    f"old_string not found in {args.path}; read the file and copy the text exactly"
+                )
+            if count > 1 and not args.replace_all:
+                raise ToolError(
+                    f"old_string occurs {count} times in {args.path}; add surrounding context "
+                    "to make it unique, or set replace_all"
+                )
+            return text.replace(args.old_string, args.new_string), count
+
+        if routed_to := routed(self.interceptors, args.path, ctx):
+            rel = virtual_path(args.path, ctx.context.workspace) or args.path
+            said, count = routed_to.edit(rel, ctx, change)
+        else:
+            ws = workspace(ctx)
+            ws.resolve(args.path, write=True)
+            updated, count = change(read_text(ws, args.path))
+            write_text(ws, args.path, updated)
+            said = f"edited {args.path}"
         return ToolResult(
             for_llm=f"replaced {count} occurrence{'s' if count > 1 else ''} in {args.path}",
-            for_user=f"edited {args.path}",
+            for_user=said,
             metadata={"replacements": count},
         )

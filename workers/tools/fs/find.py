@@ -6,6 +6,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import PurePosixPath
+from typing import ClassVar
 
 from pydantic import Field
 from wcmatch import glob as wcglob
@@ -14,6 +15,7 @@ from broker.messages import Group
 from workers.paths import VCS_DIRS, Workspace
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import ReadRules, workspace
+from workers.tools.fs.intercept import ROUTED, Interceptor, virtual_path
 
 GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.MATCHBASE | wcglob.BRACE  # '*.py' matches at any depth
 
@@ -50,25 +52,37 @@ class ListFiles(ReadRules, Tool[ListFilesInput]):
     def concurrency_safe(self, args: ListFilesInput) -> bool:
         return True
 
+    interceptors: ClassVar[tuple[Interceptor, ...]] = ROUTED
+
     def run(self, args: ListFilesInput, ctx: ToolContext) -> ToolResult:
-        ws = workspace(ctx)
-        real = ws.resolve(args.path)
-        if not os.path.isdir(real):
-            raise ToolError(f"'{args.path}' is not a directory")
+        rel = virtual_path(args.path, ctx.context.workspace)
+        virtual: set[str] = set()
+        owned = False
+        if rel is not None:
+            for i in self.interceptors:
+                virtual.update(i.entries(rel, ctx) or ())
+                owned = owned or i.owns_directory(rel)
+        entries = sorted(virtual if owned else virtual | self._disk(args.path, ctx))
         cap = ctx.settings.list_max_entries
-        entries = []
-        with os.scandir(real) as it:
-            for entry in it:
-                suffix = "/" if entry.is_dir(follow_symlinks=False) else ""
-                if entry.is_symlink():
-                    suffix = "@"
-                entries.append(entry.name + suffix)
-        entries.sort()
         shown = entries[:cap]
         text = "\n".join(shown) if shown else "[empty directory]"
         if len(entries) > cap:
             text += f"\n[{len(entries) - cap} more entries not shown]"
         return ToolResult(for_llm=text, metadata={"entries": len(entries)})
+
+    @staticmethod
+    def _disk(path: str, ctx: ToolContext) -> set[str]:
+        real = workspace(ctx).resolve(path)
+        if not os.path.isdir(real):
+            raise ToolError(f"'{path}' is not a directory")
+        entries = set()
+        with os.scandir(real) as it:
+            for entry in it:
+                suffix = "/" if entry.is_dir(follow_symlinks=False) else ""
+                if entry.is_symlink():
+                    suffix = "@"
+                entries.add(entry.name + suffix)
+        return entries
 
 
 class GlobInput(ToolInput):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from broker.messages import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
 from workers.tools.fs.common import WriteRules, workspace, write_text
+from workers.tools.fs.intercept import ROUTED, Interceptor, routed, virtual_path
 
 
 class WriteFileInput(ToolInput):
@@ -26,7 +29,13 @@ class WriteFile(WriteRules, Tool[WriteFileInput]):
     default_permission = "allow"  # contained in the workspace; .git/ stays protected
     timeout_s = 30.0
 
+    interceptors: ClassVar[tuple[Interceptor, ...]] = ROUTED
+
     def run(self, args: WriteFileInput, ctx: ToolContext) -> ToolResult:
+        if routed_to := routed(self.interceptors, args.path, ctx):
+            rel = virtual_path(args.path, ctx.context.workspace) or args.path
+            said = routed_to.write(rel, args.content, ctx, append=args.append)
+            return ToolResult(for_llm=said, for_user=said)
         size = write_text(workspace(ctx), args.path, args.content, append=args.append)
         verb = "appended" if args.append else "wrote"
         return ToolResult(
