@@ -302,9 +302,11 @@ def test_dockerfile_entrypoint_is_the_clawq_script() -> None:
 def test_dockerfile_installs_the_project() -> None:
     instructions = dockerfile_instructions()
     runs = [shlex.split(args) for kw, args in instructions if kw == "RUN"]
-    assert any("pip" in words and "install" in words and "." in words for words in runs), (
-        "no `pip install .`"
+    installs_project = any(
+        "pip" in words and "install" in words and any(w == "." or w.startswith(".[") for w in words)
+        for words in runs
     )
+    assert installs_project, "no `pip install .`"
     copied = {
         Path(src).name
         for kw, args in instructions
