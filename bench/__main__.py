@@ -32,7 +32,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import api, confinement, web
+from bench import api, confinement, memory, web
 from broker import keys
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
@@ -612,6 +612,7 @@ def main() -> None:
                 "confinement": lambda: confinement.run(console),
                 "web": lambda: web.run(console, bench, process, wait_for),
                 "api": lambda: api.run(console, bench, process, wait_for),
+                "memory": lambda: memory.run(console),
             }
             for name in only:
                 sections[name]()
@@ -750,6 +751,7 @@ def main() -> None:
         confinement.run(console)
         web.run(console, bench, process, wait_for)
         api.run(console, bench, process, wait_for)
+        memory.run(console)
     finally:
         bench.close()
 

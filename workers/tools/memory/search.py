@@ -2,8 +2,9 @@
 
 Two channels, each asked for `candidate_multiplier` times the results wanted:
 - text: full text (english and simple configurations, any term, all terms count double)
-  and trigram word similarity (CJK, partial words); its score is the best of the FTS rank
-  relative to the best FTS hit and the trigram similarity, so both lie in [0, 1];
+  and, for CJK or a word or two, trigram word similarity (partial words); its score is
+  the best of the FTS rank relative to the best FTS hit and the trigram similarity, so
+  both lie in [0, 1];
 - vector: cosine similarity of the query's embedding, min-max normalised over its
   candidates (raw cosines of small models crowd into a narrow band).
 The fused score is the weighted mean (0.7 vector, 0.3 text by default) of the channels
@@ -54,6 +55,16 @@ def _vector(
     return exact_nearest(store, agent, user, embedder.name, vector, limit)
 
 
+def fuzzy(query: str) -> bool:
+    """Whether trigrams can find what full text cannot: CJK (no word breaks for the
+    parser) or a word or two (perhaps cut short). A long query is left to full text and
+    vectors: its trigram search costs seconds over 100,000 chunks and finds nothing more."""
+    return len(query.split()) <= 2 or any(
+        "\u3040" <= ch <= "\u30ff" or "\u3400" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af"
+        for ch in query
+    )
+
+
 def search(
     store: MemoryStore,
     agent: str,
@@ -67,7 +78,7 @@ def search(
     wanted = max_results or settings.memory_max_results
     limit = wanted * settings.memory_candidate_multiplier
     fts = store.fts(agent, user, query, limit) if "text" in channels else []
-    tri = store.trigram(agent, user, query, limit) if "text" in channels else []
+    tri = store.trigram(agent, user, query, limit) if "text" in channels and fuzzy(query) else []
     vec = _vector(store, agent, user, query, limit, settings) if "vector" in channels else []
 
     best_fts = max((c.score for c in fts), default=0.0) or 1.0
