@@ -104,9 +104,9 @@ def _key(settings: Settings) -> tuple[str, ...]:
 
 
 def local_available() -> bool:
-    from workers.tools.memory import local_model
+    from workers.tools.memory.local_model import available
 
-    return local_model.available()
+    return available()
 
 
 def choose(settings: Settings) -> str:
@@ -135,6 +135,6 @@ def make(settings: Settings) -> Embedder | None:
         if not settings.memory_openai_url:
             raise EmbedderError("memory_embedder is openai but CLAWQ_MEMORY_OPENAI_URL is not set")
         return OpenAIEmbedder(settings)
-    from workers.tools.memory import local_model
+    from workers.tools.memory.local_model import LocalEmbedder
 
-    return local_model.LocalEmbedder()
+    return LocalEmbedder()
