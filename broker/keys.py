@@ -114,3 +114,8 @@ CHANGES_CHANNEL = f"{PREFIX}:changes"
 def version(topic: str) -> str:
     """The version counter of a cached topic (`mcp`, `custom_tools`, `config`, …)."""
     return f"{PREFIX}:version:{topic}"
+
+
+def pin(session_id: str, tool: str) -> str:
+    """Where a session's stateful tool lives: {"queue", "proc"} (JSON), set by the tool."""
+    return f"{PREFIX}:pin:{session_id}:{tool}"

@@ -236,6 +236,26 @@ class Settings(BaseSettings):
     memory_outbox_sweep_s: float = Field(30.0, gt=0, description="how often lost tasks resend")
     memory_index_timeout_s: float = Field(600.0, gt=0, description="one document's indexing")
 
+    # artifacts: binary results (screenshots, PDFs, downloads), stored once by content hash
+    artifact_store: Literal["postgres", "files"] = "postgres"
+    artifact_dir: str = Field(
+        "/var/lib/clawq/artifacts",
+        description="the files store: one directory every process shares",
+    )
+    artifact_retention_s: int = Field(7 * 24 * 3600, ge=60)
+    artifact_max_bytes: int = Field(50 * 1024 * 1024, ge=1024)
+
+    # the browser (group ui): Playwright driving the system's Chromium, a context per session
+    browser_executable: str = Field("/usr/bin/chromium", description="no browser is downloaded")
+    browser_max_tabs: int = Field(5, ge=1)
+    browser_idle_s: float = Field(600.0, gt=0, description="an unused session is closed")
+    browser_session_max_s: float = Field(3600.0, gt=0, description="a session's longest life")
+    browser_action_timeout_s: float = Field(15.0, gt=0)
+    browser_snapshot_max_chars: int = Field(20_000, ge=500)
+    browser_evaluate_enabled: bool = Field(False, description="the evaluate action (asks too)")
+    browser_download_dir: str = Field("/tmp/clawq-downloads", description="quarantine")
+    ui_worker_concurrency: int = Field(8, ge=1, description="threads of a ui worker")
+
     # the process tool (background commands of a session)
     process_state_dir: str = "/tmp/clawq-processes"
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")

@@ -121,10 +121,20 @@ def secret_key() -> None:
 
 
 def _groups() -> list[str]:
-    """Every group with tools, and mcp (its tools come from the servers configured)."""
+    """Every group with tools, and mcp (its tools come from the servers configured); ui
+    only where Chromium is installed."""
     from workers.registry import default_registry
 
-    return [g.value for g in default_registry().groups()] + [Group.mcp.value]
+    groups = [g.value for g in default_registry().groups()] + [Group.mcp.value]
+    executable = settings_from_env().browser_executable
+    if Group.ui.value in groups and not os.path.exists(executable):
+        click.echo(
+            f"no Chromium at {executable}: starting no ui worker (the browser tool will not"
+            " answer); install chromium or set CLAWQ_BROWSER_EXECUTABLE",
+            err=True,
+        )
+        groups.remove(Group.ui.value)
+    return groups
 
 
 @main.command()

@@ -8,6 +8,7 @@ from the ledger instead of running its calls again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -309,10 +310,22 @@ class JobRun:
             decision_reason=decision.reason,
         )
 
+    async def pinned_queue(self, tool: str) -> str | None:
+        """The queue of the live process holding this session's state for `tool`; None
+        when there is none or it died (the tool then says its state was lost)."""
+        raw = await self.s.redis.get(keys.pin(self.session_id, tool))
+        if not raw:
+            return None
+        pin = json.loads(raw)
+        alive = await self.s.redis.exists(keys.proc(pin.get("proc", "")))
+        return str(pin["queue"]) if alive else None
+
     async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
         async with self.parallel:
             timeout = ready.tool.timeout(ready.args, self.s.settings)
             queue = ready.tool.route(ready.args) or ready.tool.group.value
+            if ready.tool.pinned:
+                queue = await self.pinned_queue(ready.tool.name) or queue
             envelope = CallEnvelope(
                 call_id=ready.call.id,
                 job_id=self.job_id,

@@ -118,7 +118,7 @@ def decide(
         return Decision("allow", "rule", f"allowed by {used}", "; ".join(map(str, allows)))
     if hook and hook.behavior == "allow":
         return Decision("allow", "hook", hook.reason or "allowed by a hook", hook.source)
-    default = (defaults or {}).get(tool.name, tool.default_permission)
+    default = (defaults or {}).get(tool.name, tool.default_for(args))
     if default == "deny":
         return Decision(
             "deny",

@@ -280,15 +280,37 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return instructions
 
 
-def final_stage() -> list[tuple[str, str]]:
+def stage(name: str) -> list[tuple[str, str]]:
+    """The instructions of the stage `FROM … AS name`, up to the next FROM."""
     instructions = dockerfile_instructions()
-    last_from = max(i for i, (kw, _) in enumerate(instructions) if kw == "FROM")
-    return instructions[last_from:]
+    starts = [i for i, (kw, _) in enumerate(instructions) if kw == "FROM"]
+    for n, start in enumerate(starts):
+        if instructions[start][1].lower().endswith(f" as {name}"):
+            end = starts[n + 1] if n + 1 < len(starts) else len(instructions)
+            return instructions[start:end]
+    raise AssertionError(f"no stage {name} in the Dockerfile")
+
+
+def final_stage() -> list[tuple[str, str]]:
+    """What every service but worker-ui runs: the `runtime` stage."""
+    return stage("runtime")
+
+
+def test_the_ui_stage_adds_chromium_to_the_runtime_and_worker_ui_uses_it() -> None:
+    ui = stage("ui")
+    assert ui[0][1].split()[0] == "runtime"
+    assert any(kw == "RUN" and "chromium" in args for kw, args in ui)
+    assert [args for kw, args in ui if kw == "USER"][-1] not in ("root", "0")
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    assert services["worker-ui"]["build"]["target"] == "ui"
+    assert services["worker-fs"]["build"]["target"] == "runtime"
 
 
 def test_dockerfile_is_based_on_python_slim() -> None:
-    bases = [args.split()[0] for kw, args in dockerfile_instructions() if kw == "FROM"]
-    assert bases and all(b == BASE_IMAGE for b in bases), bases
+    froms = [args.split() for kw, args in dockerfile_instructions() if kw == "FROM"]
+    stages = {f[-1] for f in froms if len(f) == 3 and f[1].lower() == "as"}
+    bases = [f[0] for f in froms]
+    assert bases and all(b == BASE_IMAGE or b in stages for b in bases), bases
 
 
 def test_dockerfile_entrypoint_is_the_clawq_script() -> None:

@@ -177,6 +177,7 @@ class WorkerRuntime:
             redis=self.redis,
             celery=self.celery,
             cancelled=cancelled,
+            proc_id=self.proc_id,
         )
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)
 

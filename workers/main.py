@@ -40,12 +40,19 @@ def run_worker(
         configured(settings)  # a provider listed without its key stops the worker here
         pool = pool or "threads"
         concurrency = concurrency or settings.web_worker_concurrency
+    if group == Group.ui.value:  # one browser per process, its calls on a thread pool
+        pool = pool or "threads"
+        concurrency = concurrency or settings.ui_worker_concurrency
     pool = pool or settings.worker_pool
     app.conf.worker_pool = pool  # the pool the signals in workers.tasks see
     queues = [group]
     if group == Group.runtime.value:  # calls about a host's background processes
         queues.append(host_queue(socket.gethostname()))
         confine.for_settings(settings)  # probed (and warned about) once, before the fork
+    if group == Group.ui.value:  # calls of a session pinned to this process's browser
+        from workers.tools.ui.browser import process_queue
+
+        queues.append(process_queue())
     app.worker_main(
         [
             "worker",

@@ -140,7 +140,7 @@ class Registry:
 
 def default_registry() -> Registry:
     """Every native tool; declarations are cheap to import (implementations import lazily)."""
-    from workers.tools import fs, memory, process, runtime, sessions, subagents, web
+    from workers.tools import fs, memory, process, runtime, sessions, subagents, ui, web
 
     return Registry(
         [
@@ -151,5 +151,6 @@ def default_registry() -> Registry:
             *subagents.TOOLS,
             *web.TOOLS,
             *memory.TOOLS,
+            *ui.TOOLS,
         ]
     )

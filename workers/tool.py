@@ -71,6 +71,7 @@ class ToolContext:
     redis: redis.Redis | None = None  # for tools that count, signal or queue (subagents)
     celery: Callable[[], Celery] | None = None  # for tools that start task graphs
     cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
+    proc_id: str = ""  # this executing process (its heartbeat key), for pinned tools
 
 
 InputT = TypeVar("InputT", bound=ToolInput)
@@ -89,6 +90,11 @@ class Tool(Generic[InputT]):
 
     # a failure here means shared state is not as expected: running siblings are stopped
     cascades_on_error: ClassVar[bool] = False
+
+    # state held in one worker process (a browser): the tool pins its session there by
+    # writing keys.pin(session, tool), and the orchestrator sends the session's later
+    # calls to the pinned queue while that process lives
+    pinned: ClassVar[bool] = False
 
     # tools declared elsewhere (MCP): their JSON schema as given, and one shared Celery task
     input_schema: ClassVar[dict[str, Any] | None] = None
@@ -127,6 +133,11 @@ class Tool(Generic[InputT]):
         return any(
             spec is None or self.rule_matches(spec, args, workspace, "allow") for spec in specifiers
         )
+
+    def default_for(self, args: InputT) -> Permission:
+        """The permission when no rule decides; a tool whose actions differ (a browser
+        that asks to navigate but not to click) says so per call."""
+        return self.default_permission
 
     def permission_check(self, args: InputT, workspace: str) -> tuple[Permission, str] | None:
         """A tool-specific verdict (e.g. an unparseable command asks), or None."""

@@ -77,3 +77,44 @@ def start_cluster(
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     yield from start_cluster(approval_timeout_s=2)
+
+
+def serve_api(cluster: Cluster) -> Iterator[str]:
+    """`clawq api` on a free port for a cluster; yields its URL."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, **cluster.env}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "api",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(healthy, timeout=30, what="the API")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(15)

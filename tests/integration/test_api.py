@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,14 @@ from broker.secretbox import new_key
 from broker.settings import Settings
 from orchestrator.api.serve import ExposureError, check_exposure
 from orchestrator.client import Client, ClientError, Job
-from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
+from tests.integration.conftest import (
+    Cluster,
+    call,
+    script,
+    serve_api,
+    start_cluster,
+    wait_until,
+)
 
 CLAWQ = [sys.executable, "-m", "orchestrator.cli"]
 SECRET_KEY = new_key()
@@ -38,25 +44,7 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def api(cluster: Cluster) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, **cluster.env}
-    proc = subprocess.Popen([*CLAWQ, "api", "--port", str(port), "--log-level", "warning"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _healthy(url), timeout=30, what="the API")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(15)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    yield from serve_api(cluster)
 
 
 @pytest.fixture(scope="module")

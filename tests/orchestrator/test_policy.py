@@ -46,6 +46,7 @@ ALL = FS | {
     "web_search",
     "memory_search",
     "memory_get",
+    "browser",
 }
 MEMORY = {"memory_search", "memory_get"}
 

@@ -48,6 +48,7 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "web_search",
             "memory_search",
             "memory_get",
+            "browser",
             "spawn",
             "subagents",
             "sessions_send",
@@ -89,4 +90,4 @@ def test_declaration_problems_are_reported_together() -> None:
 
 def test_groups_have_queues() -> None:
     groups = default_registry().groups()
-    assert groups == [Group.fs, Group.runtime, Group.web, Group.memory, Group.sessions]
+    assert groups == [Group.fs, Group.runtime, Group.web, Group.memory, Group.sessions, Group.ui]

@@ -1,0 +1,209 @@
+"""The browser through the whole stack with real Chromium (Debian's, driven by Playwright):
+navigate, snapshot with refs, fill a form and submit it by ref (the server receives it),
+a JPEG screenshot as an artifact served by the HTTP API, a diff snapshot smaller than the
+first, the session kept across jobs of one session, the egress policy inside the page,
+and a killed ui worker reported as a lost session."""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobResult, JobSpec
+from tests.integration.conftest import Cluster, call, script, serve_api, start_cluster
+from tests.sites import Reply, Site
+
+FORM = b"""<!doctype html><html><head><title>Signup</title></head><body>
+<h1>Signup</h1>
+<form method="post" action="/submit">
+  <label>Name <input name="name"></label>
+  <label><input type="checkbox" name="agree" value="yes"> I agree</label>
+  <button type="submit">Submit</button>
+</form>
+<div id="items"></div>
+<button onclick="for (let i = 0; i < 3; i++) { const b = document.createElement('button');
+  b.textContent = 'added ' + i; document.getElementById('items').appendChild(b); }">More</button>
+<nav>""" + b"".join(b'<a href="/p%d">page %d</a> ' % (i, i) for i in range(40)) + b"""</nav>
+</body></html>"""
+
+
+@pytest.fixture(scope="module")
+def victim() -> Iterator[Site]:
+    with Site({"/secret.png": Reply(body=b"never", content_type="image/png")}) as site:
+        yield site
+
+
+@pytest.fixture(scope="module")
+def site(victim: Site) -> Iterator[Site]:
+    leak = f'<html><body><img src="{victim.url}/secret.png"><p>leaky</p></body></html>'
+    with Site(
+        {
+            "/": Reply(body=FORM, content_type="text/html"),
+            "/submit": Reply(
+                body=b"<html><title>Thanks</title><p>thanks</p></html>", content_type="text/html"
+            ),
+            "/leak": Reply(body=leak.encode(), content_type="text/html"),
+        }
+    ) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def cluster(site: Site) -> Iterator[Cluster]:
+    # two ui workers: one is killed in the last test, the other answers for it
+    yield from start_cluster(groups=("ui",), workers_per_group=2, web_private_allow=[site.endpoint])
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Iterator[str]:
+    yield from serve_api(cluster)
+
+
+def in_session(
+    cluster: Cluster, session: str, workspace: Path, *turns: dict[str, Any]
+) -> JobResult:
+    """A job of `session` (a later job of the same session when it exists)."""
+    job_id = uuid.uuid4().hex
+    spec = JobSpec(
+        prompt="browse",
+        workspace=str(workspace),
+        allow=["browser"],
+        script=script(*turns, {"text": "done"}),
+        user_id="alice",
+    )
+    cluster.client.store.create_job(job_id, session_id=session, spec=spec, user_id="alice")
+    cluster.client.app.send_task(
+        AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
+    )
+    from orchestrator.client import Job
+
+    result = Job(cluster.client, job_id).wait(timeout=90)
+    assert result.status == "completed", result
+    return result
+
+
+def browser(call_id: str, **args: Any) -> dict[str, Any]:
+    return {"tool_calls": [call(call_id, "browser", **args)]}
+
+
+def ref_of(snapshot: str, pattern: str) -> str:
+    found = re.search(pattern + r".*?\[ref=([a-z0-9]+)\]", snapshot)
+    assert found, snapshot
+    return found.group(1)
+
+
+def test_a_form_is_filled_and_submitted_by_ref_across_jobs_of_one_session(
+    cluster: Cluster, site: Site, api: str, workspace: Path
+) -> None:
+    session = "s-" + uuid.uuid4().hex[:8]
+    first = in_session(
+        cluster,
+        session,
+        workspace,
+        browser("n", action="navigate", url=site.url + "/"),
+        browser("s", action="snapshot"),
+    )
+    navigated, snapped = first.tool_calls
+    assert not navigated.is_error and "Signup" in navigated.output, navigated.output
+    assert navigated.queue == "ui"
+    name, submit = (
+        ref_of(snapped.output, 'textbox "Name"'),
+        ref_of(snapped.output, 'button "Submit"'),
+    )
+    agree = ref_of(snapped.output, 'checkbox "I agree"')
+    more = ref_of(snapped.output, 'button "More"')
+
+    second = in_session(  # a later job of the same session: the same tab, the same refs
+        cluster,
+        session,
+        workspace,
+        browser("f", action="fill", ref=name, text="Alice"),
+        browser("c", action="click", ref=agree),
+        browser("m", action="click", ref=more),
+        browser("d", action="snapshot", diff=True),
+        browser("k", action="click", ref=submit),
+        browser("w", action="wait_for", text="thanks"),
+        browser("p", action="screenshot"),
+    )
+    outputs = {c.id: c for c in second.tool_calls}
+    assert not any(c.is_error for c in second.tool_calls), [c.output for c in second.tool_calls]
+    # pinned: every later call ran in the process that holds the session (of two ui workers)
+    assert {c.worker for c in second.tool_calls} == {navigated.worker}
+    assert len(outputs["d"].output) < len(snapped.output)
+    # the three new buttons, and the two fields whose state changed: nothing else
+    assert "changes since the last snapshot: 5 added, 2 removed" in outputs["d"].output
+    assert 'textbox "Name" [ref=' in outputs["d"].output and ": Alice" in outputs["d"].output
+    assert 'button "added 2"' in outputs["d"].output
+    posted = [s for s in site.seen if s.path == "/submit"]
+    assert posted and posted[-1].form() == {"name": ["Alice"], "agree": ["yes"]}
+
+    artifact_id = re.search(r"artifact (art_[0-9a-f]+)", outputs["p"].output)
+    assert artifact_id, outputs["p"].output
+    import httpx
+    from PIL import Image
+
+    from broker.api_keys import ApiKeyStore
+
+    keys = ApiKeyStore(cluster.client.store)
+    alice, bob = keys.create("alice")[1], keys.create("bob")[1]
+    url = f"{api}/v1/artifacts/{artifact_id.group(1)}"
+    fetched = httpx.get(url, headers={"Authorization": f"Bearer {alice}"})
+    assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/jpeg"
+    image = Image.open(io.BytesIO(fetched.content))
+    assert image.format == "JPEG" and (image.width, image.height) == (1280, 800)
+    other = httpx.get(url, headers={"Authorization": f"Bearer {bob}"})
+    assert other.status_code == 404  # another user's artifact does not exist for them
+
+
+def test_the_egress_policy_holds_inside_the_page(
+    cluster: Cluster, site: Site, victim: Site, workspace: Path
+) -> None:
+    session = "s-" + uuid.uuid4().hex[:8]
+    result = in_session(
+        cluster,
+        session,
+        workspace,
+        browser("n", action="navigate", url=site.url + "/leak"),
+        browser("s", action="snapshot", full=True),
+    )
+    navigated, snapped = result.tool_calls
+    assert not navigated.is_error and "leaky" in snapped.output
+    assert victim.seen == []  # the image on a blocked private address was never fetched
+    assert "blocked by the egress policy" in snapped.output or "blocked" in navigated.output
+    refused = in_session(
+        cluster, session, workspace, browser("f", action="navigate", url="file:///etc/passwd")
+    )
+    (call_,) = refused.tool_calls
+    assert call_.is_error and "root:" not in call_.output
+
+
+def test_a_killed_ui_worker_makes_the_next_call_report_the_lost_session(
+    cluster: Cluster, site: Site, workspace: Path
+) -> None:
+    session = "s-" + uuid.uuid4().hex[:8]
+    in_session(cluster, session, workspace, browser("n", action="navigate", url=site.url + "/"))
+    import json
+    import os
+
+    import redis
+
+    from broker import keys
+
+    with redis.Redis.from_url(cluster.iso.redis_url) as r:
+        pin = json.loads(r.get(keys.pin(session, "browser")) or b"{}")
+    pid = int(pin["proc"].rsplit(":", 1)[1])  # the ui worker process holding the session
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(cluster.iso.settings.heartbeat_ttl_s + 0.5)  # its heartbeat runs out
+    started = time.monotonic()
+    result = in_session(cluster, session, workspace, browser("s", action="snapshot"))
+    (lost,) = result.tool_calls
+    assert lost.is_error and "browser session was lost" in lost.output, lost.output
+    assert time.monotonic() - started < 15  # answered by the other ui worker, not a timeout

@@ -1,0 +1,218 @@
+"""One Chromium per ui worker process, driven by Playwright's async API on an event loop
+thread of its own; a browser context per session, closed when idle or too old.
+
+Tool calls arrive on the worker's pool threads and run their coroutine on that loop
+(`Engine.call`), so sessions of many jobs share one browser without sharing state.
+Every request of every page is judged twice: at the route (scheme, host, domain lists)
+and at connect time by the local egress proxy (the addresses Chromium would reach)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from broker.settings import Settings
+from workers.egress_proxy import EgressProxy
+from workers.netguard import EgressError, EgressPolicy, check_url, parse_url
+from workers.tool import ToolError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# what a page may load besides http(s): its own inline data, never local files or internals
+INLINE_SCHEMES = ("data:", "blob:", "about:")
+VIEWPORT = {"width": 1280, "height": 800}
+
+
+@dataclass
+class Tab:
+    page: Any
+    last_snapshot: list[str] = field(default_factory=list)
+    console: deque[str] = field(default_factory=lambda: deque(maxlen=100))
+
+
+@dataclass
+class Session:
+    context: Any
+    tabs: list[Tab]
+    current: int = 0
+    created: float = field(default_factory=time.monotonic)
+    used: float = field(default_factory=time.monotonic)
+    blocked: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+    downloads: list[str] = field(default_factory=list)  # artifact descriptions
+    proxy: EgressProxy | None = None
+
+    @property
+    def tab(self) -> Tab:
+        return self.tabs[self.current]
+
+
+class Engine:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.policy = EgressPolicy.from_settings(settings)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="browser", daemon=True)
+        self.thread.start()
+        self.sessions: dict[str, Session] = {}
+        self.browser: Any = None
+        self.playwright: Any = None
+        self.on_download: Callable[[str, bytes, str], str] | None = None
+        self.call(self._start(), timeout=60)
+
+    def call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        """Run `coro` on the browser's loop; a pool thread waits at most `timeout`."""
+        limit = timeout or self.settings.browser_action_timeout_s
+        future = asyncio.run_coroutine_threadsafe(_ensure(coro), self.loop)
+        try:
+            return future.result(limit + 2)
+        except TimeoutError:
+            future.cancel()
+            raise ToolError(f"the browser did not answer within {limit:.0f} s") from None
+
+    async def _start(self) -> None:
+        from playwright.async_api import async_playwright
+
+        self.playwright = await async_playwright().start()
+        executable = self.settings.browser_executable
+        if not Path(executable).exists():
+            raise ToolError(f"no Chromium at {executable} (CLAWQ_BROWSER_EXECUTABLE)")
+        self.browser = await self.playwright.chromium.launch(
+            executable_path=executable,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-dev-shm-usage",
+                "--disable-background-networking",
+                "--disable-features=AutofillServerCommunication,OptimizationHints,Translate",
+            ],
+        )
+        self.loop.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        """Close sessions idle for `browser_idle_s` or older than `browser_session_max_s`."""
+        while True:
+            await asyncio.sleep(min(30.0, self.settings.browser_idle_s / 4))
+            now = time.monotonic()
+            for key, session in list(self.sessions.items()):
+                idle = now - session.used > self.settings.browser_idle_s
+                old = now - session.created > self.settings.browser_session_max_s
+                if idle or old:
+                    await self.close(key)
+
+    async def session(self, key: str, create: bool) -> Session | None:
+        found = self.sessions.get(key)
+        if found is None and create:
+            blocked: deque[str] = deque(maxlen=20)
+            # a proxy per session: what it refuses is told to this session only
+            proxy = EgressProxy(self.policy, lambda host, why: blocked.append(f"{host}: {why}"))
+            await proxy.start()
+            context = await self.browser.new_context(
+                viewport=VIEWPORT,
+                accept_downloads=True,
+                proxy={"server": proxy.url},
+                service_workers="block",
+            )
+            context.set_default_timeout(self.settings.browser_action_timeout_s * 1000)
+            found = Session(context=context, tabs=[], proxy=proxy, blocked=blocked)
+            await context.route("**/*", lambda route: self._route(found, route))
+            self.sessions[key] = found
+            await self.open_tab(found)
+        if found is not None:
+            found.used = time.monotonic()
+        return found
+
+    async def _route(self, session: Session | None, route: Any) -> None:
+        url = route.request.url
+        if url.startswith(INLINE_SCHEMES):
+            await route.continue_()
+            return
+        try:
+            check_url(parse_url(url), self.policy)
+        except EgressError as exc:
+            if session is not None:
+                session.blocked.append(f"{url[:200]}: {exc.reason}")
+            await route.abort("blockedbyclient")
+            return
+        await route.continue_()
+
+    async def open_tab(self, session: Session, url: str | None = None) -> Tab:
+        if len(session.tabs) >= self.settings.browser_max_tabs:
+            raise ToolError(
+                f"{self.settings.browser_max_tabs} tabs are open; close one (tabs close)"
+            )
+        page = await session.context.new_page()
+        tab = Tab(page=page)
+        page.on("console", lambda msg: tab.console.append(f"[{msg.type}] {msg.text}"[:500]))
+        page.on("download", lambda d: asyncio.ensure_future(self._download(session, d)))
+        session.tabs.append(tab)
+        session.current = len(session.tabs) - 1
+        if url:
+            await page.goto(url)
+        return tab
+
+    async def _download(self, session: Session, download: Any) -> None:
+        """Downloads go to the quarantine directory, then become artifacts."""
+        quarantine = Path(self.settings.browser_download_dir)
+        quarantine.mkdir(parents=True, exist_ok=True)
+        target = quarantine / f"{time.time_ns()}-{Path(download.suggested_filename).name}"
+        try:
+            await download.save_as(str(target))
+            data = target.read_bytes()
+            if self.on_download is not None:
+                session.downloads.append(
+                    self.on_download(download.suggested_filename, data, "application/octet-stream")
+                )
+        except Exception as exc:
+            session.downloads.append(f"download {download.suggested_filename} failed: {exc}")
+        finally:
+            target.unlink(missing_ok=True)
+
+    async def close(self, key: str) -> bool:
+        session = self.sessions.pop(key, None)
+        if session is None:
+            return False
+        try:
+            await session.context.close()
+        except Exception as exc:
+            log.warning("closing browser session %s: %s", key, exc)
+        if session.proxy is not None:
+            await session.proxy.stop()
+        return True
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            for key in list(self.sessions):
+                await self.close(key)
+            if self.browser is not None:
+                await self.browser.close()
+            if self.playwright is not None:
+                await self.playwright.stop()
+
+        try:
+            self.call(_stop(), timeout=20)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+async def _ensure(coro: Awaitable[T]) -> T:
+    return await coro
+
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def engine_for_process(settings: Settings) -> Engine:
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = Engine(settings)
+        return _engine
