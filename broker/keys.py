@@ -119,3 +119,8 @@ def version(topic: str) -> str:
 def pin(session_id: str, tool: str) -> str:
     """Where a session's stateful tool lives: {"queue", "proc"} (JSON), set by the tool."""
     return f"{PREFIX}:pin:{session_id}:{tool}"
+
+
+def canvas(session_id: str) -> str:
+    """Pub/sub channel: a session's canvas has a new version (its number)."""
+    return f"{PREFIX}:canvas:{session_id}"

@@ -255,6 +255,8 @@ class Settings(BaseSettings):
     browser_evaluate_enabled: bool = Field(False, description="the evaluate action (asks too)")
     browser_download_dir: str = Field("/tmp/clawq-downloads", description="quarantine")
     ui_worker_concurrency: int = Field(8, ge=1, description="threads of a ui worker")
+    canvas_max_bytes: int = Field(1024 * 1024, ge=1024, description="one canvas version")
+    canvas_keep_versions: int = Field(20, ge=1)
 
     # the process tool (background commands of a session)
     process_state_dir: str = "/tmp/clawq-processes"

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 from broker.store import Store
-from orchestrator.api import admin, artifacts, jobs
+from orchestrator.api import admin, artifacts, canvas, jobs
 from orchestrator.api.deps import ApiError, Services
 from orchestrator.api.streams import EventHub
 
@@ -62,6 +62,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(admin.router)
     app.include_router(artifacts.router)
+    app.include_router(canvas.router)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

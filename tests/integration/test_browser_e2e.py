@@ -21,7 +21,8 @@ from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobResult, JobSpec
 from tests.integration.conftest import Cluster, call, script, serve_api, start_cluster
 from tests.sites import Reply, Site
 
-FORM = b"""<!doctype html><html><head><title>Signup</title></head><body>
+FORM = (
+    b"""<!doctype html><html><head><title>Signup</title></head><body>
 <h1>Signup</h1>
 <form method="post" action="/submit">
   <label>Name <input name="name"></label>
@@ -31,8 +32,11 @@ FORM = b"""<!doctype html><html><head><title>Signup</title></head><body>
 <div id="items"></div>
 <button onclick="for (let i = 0; i < 3; i++) { const b = document.createElement('button');
   b.textContent = 'added ' + i; document.getElementById('items').appendChild(b); }">More</button>
-<nav>""" + b"".join(b'<a href="/p%d">page %d</a> ' % (i, i) for i in range(40)) + b"""</nav>
+<nav>"""
+    + b"".join(b'<a href="/p%d">page %d</a> ' % (i, i) for i in range(40))
+    + b"""</nav>
 </body></html>"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,14 @@ def api(cluster: Cluster) -> Iterator[str]:
     yield from serve_api(cluster)
 
 
+@pytest.fixture(scope="module")
+def api_keys(cluster: Cluster) -> dict[str, str]:
+    from broker.api_keys import ApiKeyStore
+
+    store = ApiKeyStore(cluster.client.store)
+    return {user: store.create(user)[1] for user in ("alice", "bob")}
+
+
 def in_session(
     cluster: Cluster, session: str, workspace: Path, *turns: dict[str, Any]
 ) -> JobResult:
@@ -94,6 +106,10 @@ def browser(call_id: str, **args: Any) -> dict[str, Any]:
     return {"tool_calls": [call(call_id, "browser", **args)]}
 
 
+def canvas(call_id: str, **args: Any) -> dict[str, Any]:
+    return {"tool_calls": [call(call_id, "canvas", **args)]}
+
+
 def ref_of(snapshot: str, pattern: str) -> str:
     found = re.search(pattern + r".*?\[ref=([a-z0-9]+)\]", snapshot)
     assert found, snapshot
@@ -101,7 +117,7 @@ def ref_of(snapshot: str, pattern: str) -> str:
 
 
 def test_a_form_is_filled_and_submitted_by_ref_across_jobs_of_one_session(
-    cluster: Cluster, site: Site, api: str, workspace: Path
+    cluster: Cluster, site: Site, api: str, api_keys: dict[str, str], workspace: Path
 ) -> None:
     session = "s-" + uuid.uuid4().hex[:8]
     first = in_session(
@@ -150,10 +166,7 @@ def test_a_form_is_filled_and_submitted_by_ref_across_jobs_of_one_session(
     import httpx
     from PIL import Image
 
-    from broker.api_keys import ApiKeyStore
-
-    keys = ApiKeyStore(cluster.client.store)
-    alice, bob = keys.create("alice")[1], keys.create("bob")[1]
+    alice, bob = api_keys["alice"], api_keys["bob"]
     url = f"{api}/v1/artifacts/{artifact_id.group(1)}"
     fetched = httpx.get(url, headers={"Authorization": f"Bearer {alice}"})
     assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/jpeg"
@@ -183,6 +196,73 @@ def test_the_egress_policy_holds_inside_the_page(
     )
     (call_,) = refused.tool_calls
     assert call_.is_error and "root:" not in call_.output
+
+
+def test_the_live_canvas_page_shows_what_the_agent_pushes(
+    cluster: Cluster, api: str, api_keys: dict[str, str], workspace: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    session = "s-" + uuid.uuid4().hex[:8]
+    first = in_session(
+        cluster,
+        session,
+        workspace,
+        canvas("c", action="present", content="# First"),
+    )
+    assert "version 1" in first.tool_calls[0].output
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            context = chromium.new_context(
+                extra_http_headers={"Authorization": f"Bearer {api_keys['alice']}"}
+            )
+            page = context.new_page()
+            page.goto(f"{api}/v1/sessions/{session}/canvas")
+            heading = page.frame_locator("#canvas").locator("h1")
+            heading.wait_for(timeout=10_000)
+            assert heading.inner_text() == "First"
+            in_session(  # two pushes by a later job: the page ends on the second
+                cluster,
+                session,
+                workspace,
+                {
+                    "tool_calls": [
+                        call(
+                            "u",
+                            "canvas",
+                            action="update",
+                            content="<h1>Between</h1>",
+                            format="html",
+                        )
+                    ]
+                },
+                {
+                    "tool_calls": [
+                        call(
+                            "v",
+                            "canvas",
+                            action="update",
+                            content="<h1>Second</h1><p>two</p>",
+                            format="html",
+                        )
+                    ]
+                },
+            )
+            page.wait_for_function(
+                "document.getElementById('version').textContent === '3'", timeout=10_000
+            )
+            assert heading.inner_text() == "Second"
+            forbidden = chromium.new_context(
+                extra_http_headers={"Authorization": f"Bearer {api_keys['bob']}"}
+            ).new_page()
+            assert forbidden.goto(f"{api}/v1/sessions/{session}/canvas").status == 404
+        finally:
+            chromium.close()
+    snap = in_session(cluster, session, workspace, canvas("s", action="snapshot"))
+    (shot,) = snap.tool_calls
+    found = re.search(r"artifact (art_[0-9a-f]+) \(image/jpeg", shot.output)
+    assert found, shot.output
 
 
 def test_a_killed_ui_worker_makes_the_next_call_report_the_lost_session(

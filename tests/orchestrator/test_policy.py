@@ -47,6 +47,7 @@ ALL = FS | {
     "memory_search",
     "memory_get",
     "browser",
+    "canvas",
 }
 MEMORY = {"memory_search", "memory_get"}
 

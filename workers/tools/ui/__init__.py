@@ -5,7 +5,8 @@ from typing import Any
 
 from workers.tool import Tool
 from workers.tools.ui.browser import Browser
+from workers.tools.ui.canvas import Canvas
 
-TOOLS: list[type[Tool[Any]]] = [Browser]
+TOOLS: list[type[Tool[Any]]] = [Browser, Canvas]
 
-__all__ = ["TOOLS", "Browser"]
+__all__ = ["TOOLS", "Browser", "Canvas"]

@@ -187,6 +187,24 @@ class Engine:
             await session.proxy.stop()
         return True
 
+    async def render(self, html: str) -> bytes:
+        """A screenshot of `html` in a context that can load nothing from anywhere."""
+        context = await self.browser.new_context(viewport=VIEWPORT, offline=True)
+        try:
+            await context.route(
+                "**/*",
+                lambda route: (
+                    route.continue_()
+                    if route.request.url.startswith(INLINE_SCHEMES)
+                    else route.abort("blockedbyclient")
+                ),
+            )
+            page = await context.new_page()
+            await page.set_content(html or "<!doctype html><title>empty</title>")
+            return bytes(await page.screenshot(type="png", full_page=True))
+        finally:
+            await context.close()
+
     def stop(self) -> None:
         async def _stop() -> None:
             for key in list(self.sessions):

@@ -1,0 +1,100 @@
+"""A session's canvas over HTTP: a live page that shows what the agent presents, updated
+over Server-Sent Events when it pushes a new version.
+
+The agent's HTML runs in an iframe sandboxed without scripts or same-origin access, under
+the page's strict CSP plus its own (no network: nothing but inline styles and data:
+images), so what the agent writes can neither script the page nor call anything."""
+
+from __future__ import annotations
+
+import asyncio
+import html as html_lib
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from psycopg.rows import dict_row
+
+from broker import keys
+from orchestrator.api.deps import Caller, Services, Svc, not_found
+
+router = APIRouter(prefix="/v1", tags=["canvas"])
+
+FRAME_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+SHELL = """<!doctype html><html><head><meta charset="utf-8"><title>canvas</title>
+<style>html,body{{margin:0;height:100%}}iframe{{border:0;width:100%;height:100%}}
+#bar{{font:12px sans-serif;position:fixed;right:6px;bottom:4px;opacity:.6}}</style></head>
+<body><iframe id="canvas" sandbox="" title="canvas"></iframe>
+<div id="bar">version <span id="version">0</span></div>
+<script nonce="{nonce}">
+const frame = document.getElementById("canvas");
+const csp = '<meta http-equiv="Content-Security-Policy" content="{frame_csp}">';
+const events = new EventSource(location.pathname + "/events");
+events.addEventListener("version", (e) => {{
+  const v = JSON.parse(e.data);
+  frame.srcdoc = csp + v.html;
+  document.getElementById("version").textContent = v.version;
+}});
+</script></body></html>"""
+
+
+async def _owned(svc: Services, caller: Any, session_id: str) -> None:
+    async with svc.pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute("SELECT user_id FROM sessions WHERE id = %s", (session_id,))
+        row = await cur.fetchone()
+    if row is None or not caller.may_see(row["user_id"]):
+        raise not_found(f"session {session_id}")
+
+
+async def _current(svc: Services, session_id: str) -> dict[str, Any] | None:
+    async with svc.pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            "SELECT version, html FROM canvas_versions WHERE session_id = %s"
+            " ORDER BY version DESC LIMIT 1",
+            (session_id,),
+        )
+        return await cur.fetchone()
+
+
+@router.get("/sessions/{session_id}/canvas", response_class=HTMLResponse)
+async def page(session_id: str, caller: Caller, svc: Svc) -> HTMLResponse:
+    await _owned(svc, caller, session_id)
+    nonce = secrets.token_urlsafe(16)
+    body = SHELL.format(nonce=nonce, frame_csp=html_lib.escape(FRAME_CSP, quote=True))
+    csp = (
+        f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline';"
+        " connect-src 'self'; img-src data:; frame-ancestors 'none'; base-uri 'none'"
+    )
+    return HTMLResponse(body, headers={"Content-Security-Policy": csp})
+
+
+@router.get("/sessions/{session_id}/canvas/events", response_class=EventSourceResponse)
+async def canvas_events(
+    session_id: str, caller: Caller, svc: Svc
+) -> AsyncIterator[ServerSentEvent]:
+    """The current version at once, then every new one as the agent pushes it."""
+    await _owned(svc, caller, session_id)
+    pubsub = svc.redis.pubsub()
+    await pubsub.subscribe(keys.canvas(session_id))
+    try:
+        sent = 0
+        while True:
+            current = await _current(svc, session_id)
+            if current is not None and current["version"] != sent:
+                sent = current["version"]
+                yield ServerSentEvent(raw_data=json.dumps(current), event="version", id=str(sent))
+            message = await pubsub.get_message(
+                ignore_subscribe_messages=True, timeout=svc.settings.api_sse_keepalive_s
+            )
+            if message is None:
+                yield ServerSentEvent(comment="keep-alive")
+            await asyncio.sleep(0)
+    finally:
+        await pubsub.unsubscribe()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
