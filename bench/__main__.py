@@ -32,7 +32,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import api, confinement, memory, web
+from bench import api, confinement, memory, ui, web
 from broker import keys
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
@@ -613,6 +613,7 @@ def main() -> None:
                 "web": lambda: web.run(console, bench, process, wait_for),
                 "api": lambda: api.run(console, bench, process, wait_for),
                 "memory": lambda: memory.run(console),
+                "ui": lambda: ui.run(console, bench, process, wait_for),
             }
             for name in only:
                 sections[name]()
@@ -752,6 +753,7 @@ def main() -> None:
         web.run(console, bench, process, wait_for)
         api.run(console, bench, process, wait_for)
         memory.run(console)
+        ui.run(console, bench, process, wait_for)
     finally:
         bench.close()
 
