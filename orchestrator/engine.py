@@ -52,6 +52,7 @@ from workers.registry import Registry, default_registry
 log = logging.getLogger("clawq.orchestrator")
 
 RECOVERY_INTERVAL_S = 5.0
+ARTIFACT_PURGE_INTERVAL_S = 600.0  # retention is days; ten minutes late is nothing
 ANNOUNCE_POLL_S = 0.2
 
 
@@ -116,6 +117,7 @@ class Orchestrator:
             asyncio.create_task(self.recover()),
             asyncio.create_task(self.deliver_announcements()),
             asyncio.create_task(self.archive_children()),
+            asyncio.create_task(self.purge_artifacts()),
         ]
         consumer = threading.Thread(target=self.consume, args=(loop,), daemon=True)
         consumer.start()
@@ -371,6 +373,26 @@ class Orchestrator:
                     await self.redis.srem(keys.subagent_children(parent_session), child)
             except Exception:
                 log.exception("archiving subagents failed")
+
+    async def purge_artifacts(self) -> None:
+        """Artifacts past their retention go, and the bytes no artifact uses any more."""
+        from broker.artifacts import ArtifactStore
+        from broker.store import Store
+
+        def purge() -> int:
+            store = Store(self.settings.database_url)
+            try:
+                return ArtifactStore(store.conn, self.settings).purge()
+            finally:
+                store.close()
+
+        while True:
+            await asyncio.sleep(ARTIFACT_PURGE_INTERVAL_S)
+            try:
+                if gone := await asyncio.to_thread(purge):
+                    log.info("purged %d expired artifacts", gone)
+            except Exception:
+                log.exception("purging artifacts failed")
 
     async def recover(self) -> None:
         """Resume running jobs whose orchestrator stopped holding their lease."""
