@@ -258,6 +258,11 @@ class Settings(BaseSettings):
     canvas_max_bytes: int = Field(1024 * 1024, ge=1024, description="one canvas version")
     canvas_keep_versions: int = Field(20, ge=1)
 
+    # cron (group automation): scheduled agent jobs, ticked by every orchestrator
+    cron_tick_s: float = Field(1.0, gt=0)
+    cron_max_jobs_per_agent: int = Field(50, ge=1)
+    cron_max_payload_bytes: int = Field(4096, ge=64, description="a job's prompt")
+
     # the process tool (background commands of a session)
     process_state_dir: str = "/tmp/clawq-processes"
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")

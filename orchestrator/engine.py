@@ -118,6 +118,7 @@ class Orchestrator:
             asyncio.create_task(self.deliver_announcements()),
             asyncio.create_task(self.archive_children()),
             asyncio.create_task(self.purge_artifacts()),
+            asyncio.create_task(self.tick_cron()),
         ]
         consumer = threading.Thread(target=self.consume, args=(loop,), daemon=True)
         consumer.start()
@@ -373,6 +374,22 @@ class Orchestrator:
                     await self.redis.srem(keys.subagent_children(parent_session), child)
             except Exception:
                 log.exception("archiving subagents failed")
+
+    async def tick_cron(self) -> None:
+        """The scheduler's ticker (orchestrator/cron_ticker.py): every orchestrator ticks,
+        PostgreSQL makes each scheduled time start once."""
+        from orchestrator.cron_ticker import Ticker
+
+        ticker = Ticker(self.settings, self.app)
+        try:
+            while True:
+                await asyncio.sleep(self.settings.cron_tick_s)
+                try:
+                    await asyncio.to_thread(ticker.tick)
+                except Exception:
+                    log.exception("cron tick failed")
+        finally:
+            ticker.close()
 
     async def purge_artifacts(self) -> None:
         """Artifacts past their retention go, and the bytes no artifact uses any more."""

@@ -140,7 +140,17 @@ class Registry:
 
 def default_registry() -> Registry:
     """Every native tool; declarations are cheap to import (implementations import lazily)."""
-    from workers.tools import fs, memory, process, runtime, sessions, subagents, ui, web
+    from workers.tools import (
+        automation,
+        fs,
+        memory,
+        process,
+        runtime,
+        sessions,
+        subagents,
+        ui,
+        web,
+    )
 
     return Registry(
         [
@@ -152,5 +162,6 @@ def default_registry() -> Registry:
             *web.TOOLS,
             *memory.TOOLS,
             *ui.TOOLS,
+            *automation.TOOLS,
         ]
     )

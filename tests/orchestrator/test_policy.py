@@ -48,8 +48,10 @@ ALL = FS | {
     "memory_get",
     "browser",
     "canvas",
+    "cron",
 }
 MEMORY = {"memory_search", "memory_get"}
+NEVER_FOR_SUBAGENTS = MEMORY | {"cron"}  # the seed's always-denied list
 
 
 @pytest.mark.parametrize(
@@ -107,7 +109,11 @@ MEMORY = {"memory_search", "memory_get"}
         ({"allow": ["read_file"], "alsoAllow": ["exec", "not_a_tool"]}, {}, {"read_file", "exec"}),
         ({"deny": ["exec"], "alsoAllow": ["exec"]}, {}, ALL),  # alsoAllow comes after deny
         ({"allow": ["group:goclaw"]}, {}, ALL),
-        ({}, {"depth": 1, "max_depth": 2}, ALL - {"session_status", "sessions_send"} - MEMORY),
+        (
+            {},
+            {"depth": 1, "max_depth": 2},
+            ALL - {"session_status", "sessions_send"} - NEVER_FOR_SUBAGENTS,
+        ),
         (
             {},
             {"depth": 1, "max_depth": 1},
@@ -121,7 +127,7 @@ MEMORY = {"memory_search", "memory_get"}
                 "sessions_list",
                 "sessions_history",
             }
-            - MEMORY,
+            - NEVER_FOR_SUBAGENTS,
         ),
     ],
 )

@@ -50,6 +50,7 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "memory_get",
             "browser",
             "canvas",
+            "cron",
             "spawn",
             "subagents",
             "sessions_send",
@@ -91,4 +92,12 @@ def test_declaration_problems_are_reported_together() -> None:
 
 def test_groups_have_queues() -> None:
     groups = default_registry().groups()
-    assert groups == [Group.fs, Group.runtime, Group.web, Group.memory, Group.sessions, Group.ui]
+    assert groups == [
+        Group.fs,
+        Group.runtime,
+        Group.web,
+        Group.memory,
+        Group.sessions,
+        Group.ui,
+        Group.automation,
+    ]
