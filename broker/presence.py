@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 import redis
@@ -18,9 +19,9 @@ import redis
 from broker import keys
 
 
-def process_id(kind: str) -> str:
-    """Host and pid identify the process that ran something (reported to users)."""
-    return f"{kind}@{socket.gethostname()}:{os.getpid()}"
+def process_id(kind: str, node: str | None = None) -> str:
+    """Node and pid identify the process that ran something (reported to users)."""
+    return f"{kind}@{node or socket.gethostname()}:{os.getpid()}"
 
 
 class Heartbeat:
@@ -33,10 +34,17 @@ class Heartbeat:
         info: dict[str, Any],
         interval_s: float,
         ttl_s: float,
+        node: str | None = None,
     ) -> None:
         self.client = client
         self.proc_id = proc_id
-        self.info = {**info, "host": socket.gethostname(), "pid": os.getpid(), "id": proc_id}
+        self.info = {
+            **info,
+            "host": node or socket.gethostname(),
+            "pid": os.getpid(),
+            "id": proc_id,
+            "started": time.time(),
+        }
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stopped = threading.Event()
@@ -47,6 +55,7 @@ class Heartbeat:
         self._thread.start()
 
     def beat(self) -> None:
+        self.info["load"] = round(os.getloadavg()[0], 2)
         self.client.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
 
     def stop(self) -> None:

@@ -268,6 +268,15 @@ class Settings(BaseSettings):
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")
     process_max_per_session: int = Field(8, ge=1)
 
+    # the cluster
+    node_name: str = Field("", description="this host's name in the cluster; '': the hostname")
+
+    def node(self) -> str:
+        """The name of this node: its queues (runtime.<node>) and heartbeats carry it."""
+        import socket
+
+        return self.node_name or socket.gethostname()
+
     # workers
     worker_concurrency: int = Field(4, ge=1)
     worker_pool: str = "prefork"

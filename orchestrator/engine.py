@@ -65,7 +65,7 @@ class Orchestrator:
         self.policy = PolicyEngine(self.registry, settings.tool_policy)  # fails on bad config
         self.hooks = hooks or Hooks(settings.hooks)
         self.app: Celery = create_app(settings)
-        self.id = process_id("orchestrator")
+        self.id = process_id("orchestrator", settings.node())
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self.cancelling: set[str] = set()
         self.steering: set[str] = set()
@@ -262,7 +262,7 @@ class Orchestrator:
             {
                 "kind": "orchestrator",
                 "id": self.id,
-                "host": socket.gethostname(),
+                "host": self.settings.node(),
                 "pid": os.getpid(),
                 "queue": AGENTS_QUEUE,
             }

@@ -310,6 +310,23 @@ class JobRun:
             decision_reason=decision.reason,
         )
 
+    async def unreachable(self, tool: Any, queue: str) -> str:
+        """Why a call routed to one node's queue (`<group>.<node>`) cannot be answered: no
+        live worker of the group heartbeats on that node. Said at once, never waited on."""
+        group = tool.group.value
+        if queue == group or tool.pinned or not queue.startswith(group + "."):
+            return ""
+        node = queue[len(group) + 1 :]
+        async for key in self.s.redis.scan_iter(match=keys.PROC_PATTERN, count=500):
+            raw = await self.s.redis.get(key)
+            info = json.loads(raw) if raw else {}
+            if info.get("queue") == group and info.get("host") == node:
+                return ""
+        return (
+            f"{tool.name} was not run: no live {group} worker on node {node} (down or "
+            "unknown); nodes list shows the live ones"
+        )
+
     async def pinned_queue(self, tool: str) -> str | None:
         """The queue of the live process holding this session's state for `tool`; None
         when there is none or it died (the tool then says its state was lost)."""
@@ -359,7 +376,19 @@ class JobRun:
                 input=envelope.input,
                 queue=queue,
             )
-            outcome = await self.s.dispatcher.call(envelope, queue)
+            if unreachable := await self.unreachable(ready.tool, queue):
+                outcome = CallOutcome(
+                    call_id=ready.call.id,
+                    job_id=self.job_id,
+                    turn=turn,
+                    for_llm=unreachable,
+                    for_user=unreachable,
+                    is_error=True,
+                    worker="orchestrator",
+                    attempts=0,
+                )
+            else:
+                outcome = await self.s.dispatcher.call(envelope, queue)
             outcome = await self.after(ready, outcome)
             await self.emit_finished(ready.call, outcome)
             return outcome

@@ -54,7 +54,7 @@ class WorkerRuntime:
     @classmethod
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
         client = redis.Redis.from_url(settings.redis_url)
-        proc_id = process_id("worker")
+        proc_id = process_id("worker", settings.node())
         info = {"kind": "worker", "queue": queue, "node": node}
         if queue == "runtime":
             info["confinement"] = confine.describe(confine.for_settings(settings))
@@ -64,6 +64,7 @@ class WorkerRuntime:
             info,
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
+            node=settings.node(),
         )
         heartbeat.start()
         ledger = Ledger(client, settings.ledger_ttl_s)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 from broker.celery_app import create_app
 from broker.messages import Group
@@ -47,7 +46,7 @@ def run_worker(
     app.conf.worker_pool = pool  # the pool the signals in workers.tasks see
     queues = [group]
     if group == Group.runtime.value:  # calls about a host's background processes
-        queues.append(host_queue(socket.gethostname()))
+        queues.append(host_queue(settings.node()))
         confine.for_settings(settings)  # probed (and warned about) once, before the fork
     if group == Group.ui.value:  # calls of a session pinned to this process's browser
         from workers.tools.ui.browser import process_queue

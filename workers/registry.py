@@ -144,6 +144,7 @@ def default_registry() -> Registry:
         automation,
         fs,
         memory,
+        nodes,
         process,
         runtime,
         sessions,
@@ -163,5 +164,6 @@ def default_registry() -> Registry:
             *memory.TOOLS,
             *ui.TOOLS,
             *automation.TOOLS,
+            *nodes.TOOLS,
         ]
     )

@@ -6,7 +6,6 @@ the same for every tool; what differs is its name (readable in Flower) and its l
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from celery import Celery, signals
@@ -25,7 +24,7 @@ def task_name(tool: str) -> str:
 
 def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, queue: str) -> None:
     """Define `clawq.tool.<name>` for every tool, and start this process's runtime early."""
-    node = socket.gethostname()
+    node = settings.node()
 
     def runtime() -> WorkerRuntime:
         return runtime_for_process(settings, registry, queue, node)

@@ -49,6 +49,7 @@ ALL = FS | {
     "browser",
     "canvas",
     "cron",
+    "nodes",
 }
 MEMORY = {"memory_search", "memory_get"}
 NEVER_FOR_SUBAGENTS = MEMORY | {"cron"}  # the seed's always-denied list
@@ -72,6 +73,7 @@ NEVER_FOR_SUBAGENTS = MEMORY | {"cron"}  # the seed's always-denied list
                 "spawn",
                 "subagents",
                 "sessions_send",
+                "nodes",
             }
             | MEMORY,
         ),

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -143,7 +142,7 @@ class Process(Tool[ProcessInput]):
                 f"{len(running)} processes are running in this session (the limit); "
                 "signal one before starting another"
             )
-        process_id = f"{socket.gethostname()}.{uuid.uuid4().hex[:8]}"
+        process_id = f"{ctx.settings.node()}.{uuid.uuid4().hex[:8]}"
         state = home / process_id
         state.mkdir(parents=True)
         (state / "cmd").write_text(args.command or "")

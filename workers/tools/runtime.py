@@ -47,6 +47,11 @@ class ExecInput(ToolInput):
     command: str = Field(description="Shell command, run with sh -c")
     working_dir: str = Field(".", description="Directory to run in, relative to the workspace")
     timeout_s: float | None = Field(None, gt=0, description="Seconds before the command is killed")
+    node: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_-]{1,63}$",
+        description="Run on this node of the cluster (see nodes list); needs exec(node:NAME)",
+    )
 
 
 class Exec(Tool[ExecInput]):
@@ -64,10 +69,17 @@ class Exec(Tool[ExecInput]):
     def summary(self, args: ExecInput) -> str:
         return f"exec({args.command[:80]})"
 
+    def route(self, args: ExecInput) -> str | None:
+        """A call aimed at a node goes to that node's runtime queue."""
+        return f"{Group.runtime.value}.{args.node}" if args.node else None
+
     def rule_matches(self, specifier: str, args: ExecInput, workspace: str, kind: RuleKind) -> bool:
         """An allow rule must cover every command the line runs (wrappers are judged by what
         they run; a command with assignments, file redirects or a computed name is never
-        auto-allowed); a deny or ask rule covers the line if it covers any command."""
+        auto-allowed); a deny or ask rule covers the line if it covers any command.
+        `exec(node:NAME)` is about where: it covers calls aimed at that node."""
+        if specifier.startswith("node:"):
+            return args.node == specifier[5:] if kind != "allow" else False
         if kind == "allow":
             return self.allowed_by([specifier], args, workspace)
         pattern = command_pattern(specifier)
@@ -77,7 +89,15 @@ class Exec(Tool[ExecInput]):
         return any(pattern.fullmatch(c.text) for c in parsed.commands)
 
     def allowed_by(self, specifiers: list[str | None], args: ExecInput, workspace: str) -> bool:
-        """Each command may be allowed by a different rule, but every one must be."""
+        """Each command may be allowed by a different rule, but every one must be; a call
+        aimed at a node also needs `exec(node:NAME)` for it."""
+        if args.node is not None:
+            if f"node:{args.node}" not in specifiers:
+                return False
+            rest = [s for s in specifiers if not (s or "").startswith("node:")]
+            return bool(rest) and self.allowed_by(
+                rest, args.model_copy(update={"node": None}), workspace
+            )
         if None in specifiers:
             return True
         patterns = [command_pattern(s) for s in specifiers if s is not None]
@@ -119,7 +139,8 @@ class Exec(Tool[ExecInput]):
 
     def rules_for(self, args: ExecInput, workspace: str) -> list[str]:
         parsed = _judged(args)
-        return [f"exec({c.text})" for c in parsed.commands if not c.wrapper] or ["exec"]
+        rules = [f"exec({c.text})" for c in parsed.commands if not c.wrapper] or ["exec"]
+        return [*rules, f"exec(node:{args.node})"] if args.node else rules
 
     def timeout(self, args: ExecInput, settings: Settings) -> float:
         default = (
