@@ -239,3 +239,32 @@ def test_network_for_confined_commands_is_a_setting_and_a_rule(
     settings = Settings(exec_network=setting, permissions=PermissionRules(deny=managed))
     rules = job_rules(settings, PermissionRules(allow=job))
     assert network_allowed(settings, rules) is expected
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "allow", "expected"),
+    [
+        # the browser asks to go somewhere new (per domain), not to act on open pages
+        ("browser", {"action": "navigate", "url": "https://example.com/"}, (), "ask"),
+        ("browser", {"action": "click", "ref": "e3"}, (), "allow"),
+        ("browser", {"action": "evaluate", "expression": "1"}, (), "ask"),
+        (
+            "browser",
+            {"action": "navigate", "url": "https://docs.example.com/x"},
+            ("browser(domain:example.com)",),
+            "allow",
+        ),
+        ("browser", {"action": "navigate", "url": "file:///etc/passwd"}, ("browser",), "deny"),
+        # cron: reading is free, scheduling asks
+        ("cron", {"action": "list"}, (), "allow"),
+        ("cron", {"action": "add", "name": "x"}, (), "ask"),
+        # exec on a node needs the node rule as well as the command's
+        ("exec", {"command": "echo hi", "node": "b"}, ("exec(echo *)",), "ask"),
+        ("exec", {"command": "echo hi", "node": "b"}, ("exec(echo *)", "exec(node:b)"), "allow"),
+        ("exec", {"command": "rm x", "node": "b"}, ("exec(echo *)", "exec(node:b)"), "ask"),
+    ],
+)
+def test_per_call_defaults_and_node_rules(
+    name: str, args: dict[str, Any], allow: tuple[str, ...], expected: str
+) -> None:
+    assert check(name, args, allow=allow).behavior == expected
