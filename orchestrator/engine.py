@@ -44,6 +44,7 @@ from orchestrator.approvals import ApprovalAnswer, Approvals
 from orchestrator.custom_catalog import CustomCatalog
 from orchestrator.dispatch import Dispatcher
 from orchestrator.hooks import Hooks
+from orchestrator.live import LiveSettings
 from orchestrator.loop import JobRun, Services
 from orchestrator.policy import PolicyEngine
 from orchestrator.task_events import AgentTaskEvents
@@ -107,6 +108,7 @@ class Orchestrator:
                 inbox_ttl_s=self.settings.events_ttl_s,
             ),
             CustomCatalog(self.redis, self.store.pool),
+            LiveSettings(self.settings),
         )
         self.announcements = self.services.announcements
         background = [

@@ -73,6 +73,7 @@ class Services:
     task_events: AgentTaskEvents
     announcements: AnnounceQueue  # synchronous (shared with workers): call it in a thread
     custom: CustomCatalog
+    live: Any = None  # orchestrator.live.LiveSettings: swaps settings/policy/hooks/limiter
 
 
 class JobCancelled(Exception):
@@ -96,6 +97,8 @@ class JobRun:
         """The agent's custom tools and the MCP tools granted to its agent or user join
         this job's registry."""
         s, spec = self.s, self.spec
+        if s.live is not None:  # a new live configuration applies from the next job on
+            await s.live.refresh(s)
         rows = await accessible_tools(s.store.pool, spec.agent_id, spec.user_id)
         timeout = s.settings.mcp_call_timeout_s
         extra = [*await s.custom.for_agent(spec.agent_id), *(tool_class(r, timeout) for r in rows)]

@@ -49,10 +49,11 @@ ALL = FS | {
     "browser",
     "canvas",
     "cron",
+    "gateway",
     "nodes",
 }
 MEMORY = {"memory_search", "memory_get"}
-NEVER_FOR_SUBAGENTS = MEMORY | {"cron"}  # the seed's always-denied list
+NEVER_FOR_SUBAGENTS = MEMORY | {"cron", "gateway"}  # the seed's always-denied list
 
 
 @pytest.mark.parametrize(

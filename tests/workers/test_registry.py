@@ -51,6 +51,7 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "browser",
             "canvas",
             "cron",
+            "gateway",
             "nodes",
             "spawn",
             "subagents",

@@ -1,0 +1,83 @@
+"""An orchestrator's view of the live configuration: before each job it reads the
+`config` change counter (one Redis GET); when that moved, it loads the applied version
+from PostgreSQL and swaps the policy, hooks, limits and settings its next jobs use. A
+version that fails to load here is marked bad and rolled back to the last good one, so a
+broken configuration never sticks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from psycopg.rows import dict_row
+
+from broker import keys
+from broker.live_config import TOPIC, LiveConfigStore, effective
+from broker.ratelimit import RateLimiter
+from broker.settings import Settings
+
+if TYPE_CHECKING:
+    from orchestrator.loop import Services
+
+log = logging.getLogger(__name__)
+
+
+class LiveSettings:
+    def __init__(self, base: Settings) -> None:
+        self.base = base
+        self.seen = -1  # the change counter last applied
+        self.version = 0  # the config version in force (0: the environment alone)
+        self.lock = asyncio.Lock()
+
+    async def refresh(self, s: Services) -> None:
+        raw = await s.redis.get(keys.version(TOPIC))
+        counter = int(raw) if raw else 0
+        if counter == self.seen:
+            return
+        async with self.lock:
+            if counter == self.seen:
+                return
+            version, config = await self._applied(s)
+            try:
+                self._install(s, effective(self.base, config))
+            except Exception as exc:
+                log.error("live configuration %s does not load (%s); rolling back", version, exc)
+                await asyncio.to_thread(self._roll_back, version, str(exc))
+                return  # the rollback bumps the counter: the next job loads the good one
+            self.seen, self.version = counter, version
+            log.info("live configuration version %s in force", version or "(environment)")
+
+    async def _applied(self, s: Services) -> tuple[int, dict[str, Any]]:
+        async with s.store.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT version, config FROM config_versions WHERE status = 'applied'"
+                " ORDER BY version DESC LIMIT 1"
+            )
+            row = await cur.fetchone()
+        return (int(row["version"]), row["config"]) if row else (0, {})
+
+    def _install(self, s: Services, settings: Settings) -> None:
+        from orchestrator.hooks import Hooks
+        from orchestrator.policy import PolicyEngine
+
+        policy = PolicyEngine(s.registry, settings.tool_policy)
+        hooks = Hooks(settings.hooks)
+        s.settings, s.policy, s.hooks = settings, policy, hooks
+        s.limiter = RateLimiter(s.redis, settings.rate_limit_per_hour)
+
+    def _roll_back(self, version: int, why: str) -> None:
+        import redis
+
+        from broker import changes
+        from broker.store import Store
+
+        store = Store(self.base.database_url)
+        try:
+            # bad is not applied: the highest applied version, the last good one, rules
+            LiveConfigStore(store.conn).mark_bad(version, why)
+        finally:
+            store.close()
+        with redis.Redis.from_url(self.base.redis_url) as client:
+            changes.announce(client, TOPIC)

@@ -1,0 +1,128 @@
+"""Live configuration through the gateway tool, on two orchestrators: an invalid
+configuration is refused naming the field, `deny: ["exec"]` holds for the very next jobs
+on both orchestrators with no restart, a version no orchestrator can load is marked bad
+and the last good one stays in force, and a rollback restores the behaviour."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.live_config import LiveConfigStore
+from broker.store import Store
+from tests.integration.conftest import Cluster, start_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from start_cluster(groups=("fs", "runtime", "automation"), orchestrators=2)
+
+
+def gateway(cluster: Cluster, workspace: Path, **args: Any) -> Any:
+    job = cluster.client.submit(
+        "configure",
+        workspace=str(workspace),
+        allow=["gateway"],
+        script={
+            "turns": [
+                {"tool_calls": [{"id": "g", "name": "gateway", "input": args}]},
+                {"text": "done"},
+            ]
+        },
+    )
+    (result,) = job.wait(timeout=60).tool_calls
+    return result
+
+
+def exec_jobs(cluster: Cluster, workspace: Path, n: int) -> list[tuple[Any, str]]:
+    jobs = [
+        cluster.client.submit(
+            "run it",
+            workspace=str(workspace),
+            allow=["exec"],
+            script={
+                "turns": [
+                    {"tool_calls": [{"id": "x", "name": "exec", "input": {"command": "echo hi"}}]},
+                    {"text": "done"},
+                ]
+            },
+        )
+        for _ in range(n)
+    ]
+    out = []
+    for job in jobs:
+        (call,) = job.wait(timeout=60).tool_calls
+        row = cluster.client.store.job(job.id)
+        out.append(
+            (
+                call,
+                str(
+                    cluster.client.store.conn.execute(
+                        "SELECT orchestrator FROM jobs WHERE id = %s", (job.id,)
+                    ).fetchone()["orchestrator"]
+                ),
+            )
+        )  # type: ignore[index]
+        assert row is not None
+    return out
+
+
+def test_live_configuration_applies_everywhere_and_rolls_back(
+    cluster: Cluster, workspace: Path
+) -> None:
+    refused = gateway(cluster, workspace, action="config.apply", config={"approval_timeout_s": -1})
+    assert refused.is_error and "approval_timeout_s" in refused.output
+    not_live = gateway(
+        cluster, workspace, action="config.apply", config={"exec_confinement": "none"}
+    )
+    assert (
+        not_live.is_error
+        and "exec_confinement" in not_live.output
+        and "not live" in not_live.output
+    )
+
+    before = exec_jobs(cluster, workspace, 4)
+    assert all(not c.is_error and "hi" in c.output for c, _ in before)
+
+    dry = gateway(
+        cluster,
+        workspace,
+        action="config.apply",
+        config={"tool_policy": {"deny": ["exec"]}},
+        dry_run=True,
+    )
+    assert not dry.is_error and "tool_policy" in dry.output
+    assert all(
+        not c.is_error for c, _ in exec_jobs(cluster, workspace, 2)
+    )  # a dry run stores nothing
+
+    applied = gateway(
+        cluster, workspace, action="config.apply", config={"tool_policy": {"deny": ["exec"]}}
+    )
+    assert not applied.is_error and "applied version" in applied.output, applied.output
+    after = exec_jobs(cluster, workspace, 10)  # the very next jobs, on both orchestrators
+    assert all(c.is_error and "exec" in c.output for c, _ in after), [c.output for c, _ in after]
+    assert len({o for _, o in after}) == 2, "both orchestrators should have run some"
+
+    # a version that cannot load (an unknown profile) is marked bad; exec stays denied
+    bad = gateway(
+        cluster, workspace, action="config.apply", config={"tool_policy": {"profile": "nope"}}
+    )
+    assert not bad.is_error
+    assert all(c.is_error for c, _ in exec_jobs(cluster, workspace, 2))
+    store = Store(cluster.iso.database_url)
+    try:
+        statuses = [v.status for v in LiveConfigStore(store.conn).history()]
+        assert statuses[0] == "bad" and "applied" in statuses
+    finally:
+        store.close()
+
+    back = gateway(cluster, workspace, action="config.rollback")
+    assert not back.is_error and "in force" in back.output
+    restored = exec_jobs(cluster, workspace, 4)
+    assert all(not c.is_error and "hi" in c.output for c, _ in restored), [
+        c.output for c, _ in restored
+    ]
