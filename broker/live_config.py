@@ -4,7 +4,8 @@ may never change are refused; applying bumps the `config` change counter, and ev
 orchestrator reloads before its next job (one Redis read per job start, no restart).
 
 Live keys: the tool policy, per-agent and per-user permission rules, hooks, the approval
-timeout, the per-session rate limit and the parallel-call cap. The managed permission
+timeout, the per-session rate limit and the parallel-call cap (orchestrators), and the
+web domain lists (workers, told by a change notice). The managed permission
 rules, confinement, secrets and everything else stay with the environment."""
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ LIVE_KEYS = (
     "approval_timeout_s",
     "rate_limit_per_hour",
     "max_parallel_calls",
+    "web_allow_domains",
+    "web_block_domains",
 )
 
 

@@ -48,6 +48,7 @@ class WorkerRuntime:
     heartbeat: Heartbeat
     scrub: Scrubber
     sandbox: Sandbox | None = None
+    base_settings: Settings | None = None  # the environment's, under the live configuration
     _store: Store | None = None
     _celery: Celery | None = None
 
@@ -70,6 +71,14 @@ class WorkerRuntime:
         ledger = Ledger(client, settings.ledger_ttl_s)
         scrub = Scrubber(secrets_of(settings))
         runtime = cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
+        runtime.base_settings = settings
+        from broker import changes, live_config
+        from broker.changes import Listener
+
+        # live configuration (web domain lists, …) reaches this process within moments
+        Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
+        if changes.version(client, live_config.TOPIC):  # applied before this process began
+            runtime.reload_settings()
         if queue == "runtime":
             threading.Thread(
                 target=runtime.end_sessions, name="clawq-sessions", daemon=True
@@ -80,6 +89,22 @@ class WorkerRuntime:
                 target=runtime.reap_sandboxes, name="clawq-reaper", daemon=True
             ).start()
         return runtime
+
+    def reload_settings(self, topic: str = "") -> None:
+        """The environment's settings with the applied live configuration over them; the
+        next call uses them. A failure keeps what is in force."""
+        from broker.live_config import LiveConfigStore, effective
+
+        base = self.base_settings or self.settings
+        try:
+            store = Store(base.database_url)
+            try:
+                current = LiveConfigStore(store.conn).current()
+            finally:
+                store.close()
+            self.settings = effective(base, current.config if current else {})
+        except Exception as exc:  # the schema not there yet, a bad version: keep going
+            log.warning("live configuration not loaded: %s", exc)
 
     def end_sessions(self) -> None:
         """Kill the background processes of sessions whose job has ended."""

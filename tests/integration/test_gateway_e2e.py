@@ -5,6 +5,7 @@ and the last good one stays in force, and a rollback restores the behaviour."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,22 @@ import pytest
 from broker.live_config import LiveConfigStore
 from broker.store import Store
 from tests.integration.conftest import Cluster, start_cluster
+from tests.sites import Reply, Site
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    yield from start_cluster(groups=("fs", "runtime", "automation"), orchestrators=2)
+def site() -> Iterator[Site]:
+    with Site({"/": Reply(body=b"hello from the site")}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def cluster(site: Site) -> Iterator[Cluster]:
+    yield from start_cluster(
+        groups=("fs", "runtime", "automation", "web"),
+        orchestrators=2,
+        web_private_allow=[site.endpoint],
+    )
 
 
 def gateway(cluster: Cluster, workspace: Path, **args: Any) -> Any:
@@ -126,3 +138,35 @@ def test_live_configuration_applies_everywhere_and_rolls_back(
     assert all(not c.is_error and "hi" in c.output for c, _ in restored), [
         c.output for c, _ in restored
     ]
+
+
+def fetch(cluster: Cluster, workspace: Path, url: str) -> Any:
+    job = cluster.client.submit(
+        "fetch",
+        workspace=str(workspace),
+        allow=["web_fetch"],
+        script={
+            "turns": [
+                {"tool_calls": [{"id": "f", "name": "web_fetch", "input": {"url": url}}]},
+                {"text": "done"},
+            ]
+        },
+    )
+    (result,) = job.wait(timeout=60).tool_calls
+    return result
+
+
+def test_workers_take_a_new_domain_list_within_a_second(
+    cluster: Cluster, site: Site, workspace: Path
+) -> None:
+    assert "hello from the site" in fetch(cluster, workspace, site.url + "/?a=1").output
+    applied = gateway(
+        cluster, workspace, action="config.apply", config={"web_allow_domains": ["only.example"]}
+    )
+    assert not applied.is_error, applied.output
+    time.sleep(1.0)  # the web worker is told by a change notice, not at its next start
+    refused = fetch(cluster, workspace, site.url + "/?a=2")
+    assert refused.is_error and "allowed domain list" in refused.output, refused.output
+    gateway(cluster, workspace, action="config.rollback")
+    time.sleep(1.0)
+    assert "hello from the site" in fetch(cluster, workspace, site.url + "/?a=3").output
