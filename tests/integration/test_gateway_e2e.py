@@ -170,3 +170,11 @@ def test_workers_take_a_new_domain_list_within_a_second(
     gateway(cluster, workspace, action="config.rollback")
     time.sleep(1.0)
     assert "hello from the site" in fetch(cluster, workspace, site.url + "/?a=3").output
+
+
+def test_workers_answer_remote_control(cluster: Cluster, workspace: Path) -> None:
+    pinged = gateway(cluster, workspace, action="workers", op="ping")
+    assert not pinged.is_error and "workers answered" in pinged.output, pinged.output
+    assert int(pinged.output.split()[0]) >= 4  # fs, runtime, automation and web workers
+    queues = gateway(cluster, workspace, action="workers", op="active_queues")
+    assert not queues.is_error and "web" in queues.output and "automation" in queues.output
