@@ -51,6 +51,22 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+def checked_addresses(
+    host: str, port: int, policy: EgressPolicy, resolver: Resolver = system_resolver
+) -> list[str]:
+    """The checked addresses of host:port; any blocked answer refuses them all."""
+    literal = check_host(host, policy)
+    if literal is not None:
+        check_address(literal, port, policy)
+        return [str(literal)]
+    found = resolver(host, port)
+    if not found:
+        raise EgressError("url_not_accessible", f"{host} has no address")
+    for raw in found:
+        check_address(ipaddress.ip_address(raw.split("%", 1)[0]), port, policy, host)
+    return found
+
+
 class GuardedBackend(httpcore.NetworkBackend):
     """httpcore's sync backend, connecting only to addresses the policy allows."""
 
@@ -60,17 +76,7 @@ class GuardedBackend(httpcore.NetworkBackend):
         self.inner = httpcore.SyncBackend()
 
     def addresses(self, host: str, port: int) -> list[str]:
-        """The checked addresses of host:port; any blocked answer refuses them all."""
-        literal = check_host(host, self.policy)
-        if literal is not None:
-            check_address(literal, port, self.policy)
-            return [str(literal)]
-        found = self.resolver(host, port)
-        if not found:
-            raise EgressError("url_not_accessible", f"{host} has no address")
-        for raw in found:
-            check_address(ipaddress.ip_address(raw.split("%", 1)[0]), port, self.policy, host)
-        return found
+        return checked_addresses(host, port, self.policy, self.resolver)
 
     def connect_tcp(
         self,

@@ -10,31 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Callable
 
-from workers.netguard import EgressError, EgressPolicy, check_address, check_host
+from workers.egress import checked_addresses
+from workers.netguard import EgressError, EgressPolicy
 
 log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 64 * 1024
-
-
-async def _resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
-    literal = check_host(host, policy)
-    if literal is not None:
-        check_address(literal, port, policy, host)
-        return str(literal)
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    if not infos:
-        raise EgressError("url_not_allowed", f"{host} does not resolve")
-    import ipaddress
-
-    addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
-    for address in addresses:  # every answer: one bad address refuses the name
-        check_address(address, port, policy, host)
-    return str(addresses[0])
 
 
 class EgressProxy:
@@ -100,11 +83,11 @@ class EgressProxy:
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             tail = f"{method} {path} {version}\r\n".encode("latin-1") + _one_request(rest)
         host = host.strip("[]")
-        try:
-            address = await _resolve_checked(host, port, self.policy)
-        except (EgressError, OSError) as exc:
-            reason = exc.reason if isinstance(exc, EgressError) else str(exc)
-            self.on_block(host, reason)
+        try:  # resolved and checked as web_fetch does, off the loop (getaddrinfo blocks)
+            found = await asyncio.to_thread(checked_addresses, host, port, self.policy)
+            address = found[0]
+        except EgressError as exc:
+            self.on_block(host, exc.reason)
             writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
             return
