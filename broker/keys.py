@@ -116,6 +116,12 @@ def version(topic: str) -> str:
     return f"{PREFIX}:version:{topic}"
 
 
+def consumer(queue: str) -> str:
+    """A live process consumes `queue` (`<group>.<node>`), kept by the heartbeats of that
+    node's workers of the group: one read says whether a routed call can be answered."""
+    return f"{PREFIX}:consumer:{queue}"
+
+
 def pin(session_id: str, tool: str) -> str:
     """Where a session's stateful tool lives: {"queue", "proc"} (JSON), set by the tool."""
     return f"{PREFIX}:pin:{session_id}:{tool}"

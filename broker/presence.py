@@ -35,6 +35,7 @@ class Heartbeat:
         interval_s: float,
         ttl_s: float,
         node: str | None = None,
+        also: tuple[str, ...] = (),
     ) -> None:
         self.client = client
         self.proc_id = proc_id
@@ -45,6 +46,7 @@ class Heartbeat:
             "id": proc_id,
             "started": time.time(),
         }
+        self.also = also  # keys kept alive with this one, shared with others: never deleted
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stopped = threading.Event()
@@ -56,7 +58,11 @@ class Heartbeat:
 
     def beat(self) -> None:
         self.info["load"] = round(os.getloadavg()[0], 2)
-        self.client.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
+        for key in self.also:
+            pipe.set(key, self.proc_id, px=self.ttl_ms)
+        pipe.execute()
 
     def stop(self) -> None:
         self.stopped.set()

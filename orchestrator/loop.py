@@ -319,12 +319,9 @@ class JobRun:
         group = tool.group.value
         if queue == group or tool.pinned or not queue.startswith(group + "."):
             return ""
+        if await self.s.redis.exists(keys.consumer(queue)):
+            return ""
         node = queue[len(group) + 1 :]
-        async for key in self.s.redis.scan_iter(match=keys.PROC_PATTERN, count=500):
-            raw = await self.s.redis.get(key)
-            info = json.loads(raw) if raw else {}
-            if info.get("queue") == group and info.get("host") == node:
-                return ""
         return (
             f"{tool.name} was not run: no live {group} worker on node {node} (down or "
             "unknown); nodes list shows the live ones"

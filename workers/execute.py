@@ -66,6 +66,7 @@ class WorkerRuntime:
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
             node=settings.node(),
+            also=(keys.consumer(f"{queue}.{settings.node()}"),),
         )
         heartbeat.start()
         ledger = Ledger(client, settings.ledger_ttl_s)
