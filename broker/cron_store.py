@@ -75,6 +75,8 @@ COLUMNS = (
     " webhook_url, missed, grace_s, anchor, next_at, enabled"
 )
 
+PLACEHOLDERS = ", ".join(["%s"] * len(COLUMNS.split(",")))
+
 
 def run_job_id(cron_id: str, scheduled: datetime, attempt: int) -> str:
     stamp = scheduled.astimezone(UTC).strftime("%Y%m%dT%H%M%S")
@@ -97,8 +99,7 @@ class CronStore:
         job.next_at = next_after(job.schedule, now - timedelta(microseconds=1), job.anchor)
         try:
             self.conn.execute(
-                f"INSERT INTO cron_jobs ({COLUMNS}) VALUES"
-                " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                f"INSERT INTO cron_jobs ({COLUMNS}) VALUES ({PLACEHOLDERS})",
                 _params(job),
             )
         except psycopg.errors.UniqueViolation:
@@ -122,25 +123,8 @@ class CronStore:
     def update(self, job: CronJob, now: datetime) -> CronJob:
         job.next_at = next_after(job.schedule, now, job.anchor) if job.enabled else None
         self.conn.execute(
-            "UPDATE cron_jobs SET schedule = %s, prompt = %s, model = %s, script = %s,"
-            " workspace = %s, session_id = %s,"
-            " delivery = %s, webhook_url = %s, missed = %s, grace_s = %s, next_at = %s,"
-            " enabled = %s WHERE id = %s",
-            (
-                Jsonb(job.schedule.model_dump(mode="json")),
-                job.prompt,
-                job.model,
-                Jsonb(job.script) if job.script is not None else None,
-                job.workspace,
-                job.session_id,
-                job.delivery,
-                job.webhook_url,
-                job.missed,
-                job.grace_s,
-                job.next_at,
-                job.enabled,
-                job.id,
-            ),
+            f"UPDATE cron_jobs SET ({COLUMNS}) = ({PLACEHOLDERS}) WHERE id = %s",
+            (*_params(job), job.id),
         )
         return job
 
