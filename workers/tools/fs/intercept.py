@@ -24,6 +24,7 @@ import psycopg
 
 from broker.context_files import (
     CONTEXT_FILES,
+    AgentKind,
     ContextFileStore,
     VersionConflict,
     jobs_may_write,
@@ -127,6 +128,23 @@ def _store(ctx: ToolContext) -> psycopg.Connection[object]:
     return ctx.store().conn
 
 
+def target_of(kind: str, agent: str, owner: str, rel: str) -> str:
+    """The key of a routed document in a job's read versions."""
+    return "\x1f".join((kind, agent, owner, rel))
+
+
+def remember(ctx: ToolContext, target: str, version: int) -> None:
+    Seen(ctx.redis, ctx.job_id).set(target, version)
+
+
+def writable(kind: AgentKind, rel: str, agent: str) -> None:
+    if not jobs_may_write(kind, rel):
+        raise ToolError(
+            f"'{rel}' belongs to agent {agent} (a predefined agent) and a job cannot change "
+            "it; only USER.md and BOOTSTRAP.md are yours to write"
+        )
+
+
 def _expected(ctx: ToolContext, rel: str, target: str, current: int) -> int:
     """The version a whole-file write must find: the one this job read."""
     seen = Seen(ctx.redis, ctx.job_id).get(target)
@@ -146,7 +164,7 @@ class ContextFiles:
     def owns_directory(self, rel: str) -> bool:
         return False
 
-    def _where(self, rel: str, ctx: ToolContext) -> tuple[ContextFileStore, str, str]:
+    def _where(self, rel: str, ctx: ToolContext) -> tuple[ContextFileStore, str, AgentKind]:
         c = ctx.context
         store = ContextFileStore(_store(ctx))
         kind = store.kind(c.agent_id)
@@ -160,25 +178,21 @@ class ContextFiles:
             shown = mine or (store.get(c.agent_id, "", rel) if owner else None)
         if shown is None:
             raise ToolError(f"'{rel}' does not exist")
-        target = f"ctx\x1f{c.agent_id}\x1f{owner}\x1f{rel}"
+        target = target_of("ctx", c.agent_id, owner, rel)
         found = Found(shown.content, target, mine.version if mine else 0)
-        Seen(ctx.redis, ctx.job_id).set(target, found.target_version)
+        remember(ctx, target, found.target_version)
         return found
 
     def write(self, rel: str, content: str, ctx: ToolContext, *, append: bool) -> str:
         c = ctx.context
         with database("write", rel):
             store, owner, kind = self._where(rel, ctx)
-            if not jobs_may_write(kind, rel):  # type: ignore[arg-type]
-                raise ToolError(
-                    f"'{rel}' belongs to agent {c.agent_id} (a predefined agent) and a job "
-                    "cannot change it; only USER.md and BOOTSTRAP.md are yours to write"
-                )
-            target = f"ctx\x1f{c.agent_id}\x1f{owner}\x1f{rel}"
+            writable(kind, rel, c.agent_id)
+            target = target_of("ctx", c.agent_id, owner, rel)
             current = store.version(c.agent_id, owner, rel)
             if rel == "BOOTSTRAP.md" and not append and not content.strip():
                 existed = store.delete(c.agent_id, owner, rel)
-                Seen(ctx.redis, ctx.job_id).set(target, 0)
+                remember(ctx, target, 0)
                 return "deleted BOOTSTRAP.md" if existed else "BOOTSTRAP.md did not exist"
             if append:
                 base = self._shown(store, c.agent_id, owner, rel)
@@ -186,7 +200,7 @@ class ContextFiles:
             else:
                 expected = _expected(ctx, rel, target, current)
                 version = store.put(c.agent_id, owner, rel, content, expected)
-        Seen(ctx.redis, ctx.job_id).set(target, version)
+        remember(ctx, target, version)
         scope = "your copy of" if owner else "the agent's"
         return f"{'appended to' if append else 'wrote'} {scope} {rel} (version {version})"
 
@@ -196,16 +210,12 @@ class ContextFiles:
         c = ctx.context
         with database("edit", rel):
             store, owner, kind = self._where(rel, ctx)
-            if not jobs_may_write(kind, rel):  # type: ignore[arg-type]
-                raise ToolError(
-                    f"'{rel}' belongs to agent {c.agent_id} (a predefined agent) and a job "
-                    "cannot change it"
-                )
+            writable(kind, rel, c.agent_id)
             current = store.version(c.agent_id, owner, rel)
             base = self._shown(store, c.agent_id, owner, rel, missing_ok=False)
             updated, count = change(base)
             version = store.put(c.agent_id, owner, rel, updated, current)
-        Seen(ctx.redis, ctx.job_id).set(f"ctx\x1f{c.agent_id}\x1f{owner}\x1f{rel}", version)
+        remember(ctx, target_of("ctx", c.agent_id, owner, rel), version)
         return f"edited {rel} (version {version})", count
 
     @staticmethod
@@ -246,15 +256,15 @@ class Memory:
                 mine = store.exact(c.agent_id, c.user_id, rel)
         if shown is None:
             raise ToolError(f"'{rel}' does not exist")
-        target = f"mem\x1f{c.agent_id}\x1f{c.user_id}\x1f{rel}"
+        target = target_of("mem", c.agent_id, c.user_id, rel)
         found = Found(shown.content, target, mine.version if mine else 0)
-        Seen(ctx.redis, ctx.job_id).set(target, found.target_version)
+        remember(ctx, target, found.target_version)
         return found
 
     def write(self, rel: str, content: str, ctx: ToolContext, *, append: bool) -> str:
         c = ctx.context
         cap = ctx.settings.memory_max_document_bytes
-        target = f"mem\x1f{c.agent_id}\x1f{c.user_id}\x1f{rel}"
+        target = target_of("mem", c.agent_id, c.user_id, rel)
         index = rel.endswith(".md")
         with database("write", rel):
             store = MemoryStore(_store(ctx))
@@ -271,7 +281,7 @@ class Memory:
             doc = store.put(
                 c.agent_id, c.user_id, rel, text, expected, index=index, job_id=ctx.job_id
             )
-        Seen(ctx.redis, ctx.job_id).set(target, doc.version)
+        remember(ctx, target, doc.version)
         if index:
             queue_index(ctx, doc.id, doc.version)
         scope = "your memory" if c.user_id else "the agent's memory"
@@ -300,7 +310,7 @@ class Memory:
                 index=index,
                 job_id=ctx.job_id,
             )
-        Seen(ctx.redis, ctx.job_id).set(f"mem\x1f{c.agent_id}\x1f{c.user_id}\x1f{rel}", doc.version)
+        remember(ctx, target_of("mem", c.agent_id, c.user_id, rel), doc.version)
         if index:
             queue_index(ctx, doc.id, doc.version)
         return f"edited {rel} (version {doc.version})", count
