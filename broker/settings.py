@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from broker.context_files import CONTEXT_FILES
 from broker.policy_config import HooksConfig, PermissionRules, ToolPolicy
 
 
@@ -200,15 +201,7 @@ class Settings(BaseSettings):
 
     # context files (SOUL.md, …) in the system prompt: this order, each cut at a cap
     context_prompt_files: list[str] = Field(
-        default_factory=lambda: [
-            "AGENTS.md",
-            "SOUL.md",
-            "TOOLS.md",
-            "IDENTITY.md",
-            "USER.md",
-            "HEARTBEAT.md",
-            "BOOTSTRAP.md",
-        ],
+        default_factory=lambda: list(CONTEXT_FILES),
         description="context files put in a job's system prompt, in this order",
     )
     context_file_max_chars: int = Field(20_000, ge=100, description="per file in the prompt")
