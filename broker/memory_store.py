@@ -6,6 +6,7 @@ is never lost: the sweeper sends again what no task finished."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ class ChunkHit(BaseModel):
 
 
 DOC_COLUMNS = "id, agent_id, user_id, path, content, version"
+_FEATURES: weakref.WeakKeyDictionary[Any, pg_features.Features] = weakref.WeakKeyDictionary()
 
 
 class MemoryStore:
@@ -62,13 +64,15 @@ class MemoryStore:
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
-        self._features: pg_features.Features | None = None
 
     @property
     def features(self) -> pg_features.Features:
-        if self._features is None:
-            self._features = pg_features.detect(self.conn)
-        return self._features
+        """Detected once per connection: a store is made per call, a search must not pay a
+        catalog query each time."""
+        found = _FEATURES.get(self.conn)
+        if found is None:
+            found = _FEATURES[self.conn] = pg_features.detect(self.conn)
+        return found
 
     # -- documents -------------------------------------------------------------------------
 
