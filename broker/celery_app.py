@@ -39,6 +39,7 @@ def create_app(settings: Settings) -> Celery:
         worker_pool=settings.worker_pool,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_hijack_root_logger=False,
+        worker_pool_restarts=True,  # the gateway's pool_restart (prefork workers)
         worker_send_task_events=settings.task_events,
         task_send_sent_event=False,
         broker_connection_retry_on_startup=True,

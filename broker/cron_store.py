@@ -41,7 +41,8 @@ class CronJob(BaseModel):
     model: str = "scripted"
     script: dict[str, Any] | None = None
     workspace: str
-    session_id: str = ""
+    session_id: str = ""  # '': a new isolated session per run
+    origin_session: str = ""  # where an isolated run's result is announced (delivery session)
     delivery: Literal["session", "webhook", "none"] = "session"
     webhook_url: str = ""
     missed: Literal["skip", "run_once"] = "run_once"
@@ -71,8 +72,7 @@ class CronRun(BaseModel):
 
 COLUMNS = (
     "id, agent_id, user_id, name, schedule, prompt, model, script, workspace, session_id,"
-    " delivery,"
-    " webhook_url, missed, grace_s, anchor, next_at, enabled"
+    " origin_session, delivery, webhook_url, missed, grace_s, anchor, next_at, enabled"
 )
 
 PLACEHOLDERS = ", ".join(["%s"] * len(COLUMNS.split(",")))
@@ -237,13 +237,15 @@ class CronStore:
     def settle(self, now: datetime) -> tuple[list[str], list[tuple[CronRun, dict[str, Any]]]]:
         """Runs whose agent job ended: ok, or failed with a retry after a backoff; a
         one-shot job that succeeded is removed. Returns the queued jobs to send again
-        (their message may have been lost) and the finished runs with their jobs."""
+        (their message may have been lost) and the finished runs with their jobs and
+        where their results go (read here: a removed job is gone by delivery time)."""
         finished: list[tuple[CronRun, dict[str, Any]]] = []
         with self.conn.transaction():
             rows = self.conn.execute(
                 "SELECT r.cron_id, r.scheduled_at, r.status, r.attempt, r.job_id, r.retry_at,"
                 " r.error, r.finished_at, j.status AS job_status, j.error AS job_error,"
-                " j.final_text, j.created_at AS job_created, c.schedule"
+                " j.final_text, j.created_at AS job_created, c.schedule, c.name, c.delivery,"
+                " c.webhook_url, c.session_id, c.origin_session"
                 " FROM cron_runs r JOIN jobs j ON j.id = r.job_id JOIN cron_jobs c ON c.id ="
                 " r.cron_id WHERE r.status = 'queued' FOR UPDATE OF r SKIP LOCKED"
             ).fetchall()
@@ -277,22 +279,8 @@ class CronStore:
 
 
 def _params(job: CronJob) -> tuple[Any, ...]:
-    return (
-        job.id,
-        job.agent_id,
-        job.user_id,
-        job.name,
-        Jsonb(job.schedule.model_dump(mode="json")),
-        job.prompt,
-        job.model,
-        Jsonb(job.script) if job.script is not None else None,
-        job.workspace,
-        job.session_id,
-        job.delivery,
-        job.webhook_url,
-        job.missed,
-        job.grace_s,
-        job.anchor,
-        job.next_at,
-        job.enabled,
-    )
+    """The job's values in the order of COLUMNS (JSON columns wrapped)."""
+    values = job.model_dump(mode="python")
+    values["schedule"] = Jsonb(job.schedule.model_dump(mode="json"))
+    values["script"] = Jsonb(job.script) if job.script is not None else None
+    return tuple(values[c.strip()] for c in COLUMNS.split(","))

@@ -152,3 +152,20 @@ class LiveConfigStore:
             "UPDATE config_versions SET status = 'bad', note = note || %s WHERE version = %s",
             (f" [failed: {why[:300]}]", version),
         )
+
+
+def reject(settings: Settings, version: int, why: str) -> None:
+    """Mark `version` bad because a process failed its health check with it, and tell
+    every process: the highest applied version, the last good one, is in force again."""
+    import redis
+
+    from broker import changes
+    from broker.store import Store
+
+    store = Store(settings.database_url)
+    try:
+        LiveConfigStore(store.conn).mark_bad(version, why)
+    finally:
+        store.close()
+    with redis.Redis.from_url(settings.redis_url) as client:
+        changes.announce(client, TOPIC)

@@ -26,6 +26,7 @@ class Ticker:
         self.settings = settings
         self.app = app
         self.store: Store | None = None
+        self.redis: Any = None
 
     def tick(self, now: datetime | None = None) -> int:
         """One tick; returns how many agent runs it sent."""
@@ -49,15 +50,13 @@ class Ticker:
         return len(started) + len(resend)
 
     def _deliver(self, run: Any, row: dict[str, Any]) -> None:
-        """A webhook delivery, through the egress client; a session delivery is the run's
-        own transcript (the job ran in that session)."""
-        job = self.store.conn.execute(  # type: ignore[union-attr]
-            "SELECT name, delivery, webhook_url FROM cron_jobs WHERE id = %s", (run.cron_id,)
-        ).fetchone()
-        if not job or job["delivery"] != "webhook" or not job["webhook_url"]:
+        """Where a finished run's result goes. `session`: a run in an existing session is
+        its own delivery (its transcript); an isolated run's result is announced to the
+        session that scheduled it, through the announce queue, like a subagent's.
+        `webhook`: a JSON POST through the egress client."""
+        job = row
+        if job["delivery"] == "none":
             return
-        from workers.egress import egress_for
-
         body = {
             "name": job["name"],
             "scheduled_at": run.scheduled_at.isoformat(),
@@ -65,11 +64,37 @@ class Ticker:
             "text": row["final_text"] or "",
             "error": row["job_error"] or "",
         }
+        if job["delivery"] == "session":
+            if not job["session_id"] and job["origin_session"]:
+                self._announce(job["origin_session"], body)
+            return
+        if not job["webhook_url"]:
+            return
+        from workers.egress import egress_for
+
         try:
             egress_for(self.settings).request("POST", job["webhook_url"], json=body)
         except Exception as exc:
             log.warning("cron %s: webhook delivery failed: %s", job["name"], exc)
 
+    def _announce(self, session: str, body: dict[str, Any]) -> None:
+        import redis
+
+        from broker.announce import AnnounceItem, AnnounceQueue
+
+        if self.redis is None:
+            self.redis = redis.Redis.from_url(self.settings.redis_url)
+        s = self.settings
+        text = body["text"] if body["status"] == "completed" else body["error"]
+        item = AnnounceItem(
+            kind="text",
+            result=f"[scheduled job {body['name']} at {body['scheduled_at']}: "
+            f"{body['status']}]\n{text}",
+        )
+        AnnounceQueue(self.redis, s.announce_debounce_s, s.announce_drain_at).push(session, item)
+
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+        if self.redis is not None:
+            self.redis.close()

@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import re
+import shlex
+import shutil
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -105,6 +107,22 @@ class Hooks:
             "PostToolUse": list(post or []),
         }
 
+    def problems(self) -> list[str]:
+        """What this process cannot run: a matcher that is not a regex, a command whose
+        program is not here (such a hook would fail open on every call it matches)."""
+        found = []
+        for group in (*self.config.pre_tool_use, *self.config.post_tool_use):
+            if not (group.matcher in ("", "*") or NAME_LIST.match(group.matcher)):
+                try:
+                    re.compile(group.matcher)
+                except re.error as exc:
+                    found.append(f"hook matcher {group.matcher!r} is not a regex: {exc}")
+            for hook in group.hooks:
+                program = _program(hook.command)
+                if program and shutil.which(program) is None:
+                    found.append(f"hook program {program!r} is not found on this host")
+        return found
+
     def register(self, event: Event, matcher: str, hook: PythonHook) -> None:
         self.python[event].append((matcher, hook))
 
@@ -141,6 +159,19 @@ class Hooks:
             if event == "PostToolUse" and output and output.decision == "block" and output.reason:
                 outcome.context.append(output.reason)
         return outcome
+
+
+def _program(command: str) -> str | None:
+    """The program a shell command line starts, past `VAR=value` words (None: unsure)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for word in words:
+        if "=" in word.split("/")[0]:
+            continue
+        return None if any(c in word for c in "$`(;|&<>") else word
+    return None
 
 
 def _verdict(output: HookOutput | None, source: str) -> HookVerdict | None:

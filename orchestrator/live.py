@@ -1,7 +1,8 @@
 """An orchestrator's view of the live configuration: before each job it reads the
 `config` change counter (one Redis GET); when that moved, it loads the applied version
 from PostgreSQL and swaps the policy, hooks, limits and settings its next jobs use. A
-version that fails to load here is marked bad and rolled back to the last good one, so a
+version that fails to load here, or fails this process's health check with it (a hook
+program missing on this host), is marked bad and rolled back to the last good one, so a
 broken configuration never sticks."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 
 from broker import keys
-from broker.live_config import TOPIC, LiveConfigStore, effective
+from broker.live_config import TOPIC, effective, reject
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 
@@ -43,7 +44,7 @@ class LiveSettings:
                 self._install(s, effective(self.base, config))
             except Exception as exc:
                 log.error("live configuration %s does not load (%s); rolling back", version, exc)
-                await asyncio.to_thread(self._roll_back, version, str(exc))
+                await asyncio.to_thread(reject, self.base, version, str(exc))
                 return  # the rollback bumps the counter: the next job loads the good one
             self.seen, self.version = counter, version
             log.info("live configuration version %s in force", version or "(environment)")
@@ -64,20 +65,8 @@ class LiveSettings:
 
         policy = PolicyEngine(s.registry, settings.tool_policy)
         hooks = Hooks(settings.hooks)
+        problems = hooks.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
         s.settings, s.policy, s.hooks = settings, policy, hooks
         s.limiter = RateLimiter(s.redis, settings.rate_limit_per_hour)
-
-    def _roll_back(self, version: int, why: str) -> None:
-        import redis
-
-        from broker import changes
-        from broker.store import Store
-
-        store = Store(self.base.database_url)
-        try:
-            # bad is not applied: the highest applied version, the last good one, rules
-            LiveConfigStore(store.conn).mark_bad(version, why)
-        finally:
-            store.close()
-        with redis.Redis.from_url(self.base.redis_url) as client:
-            changes.announce(client, TOPIC)

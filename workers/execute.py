@@ -94,7 +94,7 @@ class WorkerRuntime:
     def reload_settings(self, topic: str = "") -> None:
         """The environment's settings with the applied live configuration over them; the
         next call uses them. A failure keeps what is in force."""
-        from broker.live_config import LiveConfigStore, effective
+        from broker.live_config import ConfigError, LiveConfigStore, effective, reject
 
         base = self.base_settings or self.settings
         try:
@@ -103,9 +103,15 @@ class WorkerRuntime:
                 current = LiveConfigStore(store.conn).current()
             finally:
                 store.close()
-            self.settings = effective(base, current.config if current else {})
-        except Exception as exc:  # the schema not there yet, a bad version: keep going
+        except Exception as exc:  # the schema not there yet, the database away: keep going
             log.warning("live configuration not loaded: %s", exc)
+            return
+        try:
+            self.settings = effective(base, current.config if current else {})
+        except ConfigError as exc:  # this process cannot run it: the last good one rules
+            assert current is not None
+            log.error("live configuration %s fails here (%s); rolling back", current.version, exc)
+            reject(base, current.version, f"{self.proc_id}: {exc}")
 
     def end_sessions(self) -> None:
         """Kill the background processes of sessions whose job has ended."""

@@ -17,11 +17,23 @@ from broker.cron_schedule import Schedule
 from broker.cron_store import CronJob, CronStore
 from broker.store import Store
 from tests.integration.conftest import Cluster, script, start_cluster, wait_until
+from tests.sites import Reply, Site
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    yield from start_cluster(groups=("fs", "automation"), orchestrators=2, cron_tick_s=0.2)
+def receiver() -> Iterator[Site]:
+    with Site({"/hook": Reply(status=204)}) as site:
+        yield site
+
+
+@pytest.fixture(scope="module")
+def cluster(receiver: Site) -> Iterator[Cluster]:
+    yield from start_cluster(
+        groups=("fs", "automation"),
+        orchestrators=2,
+        cron_tick_s=0.2,
+        web_private_allow=[receiver.endpoint],
+    )
 
 
 def runs(store: Store, cron_id: str) -> list[dict[str, object]]:
@@ -35,49 +47,67 @@ def runs(store: Store, cron_id: str) -> list[dict[str, object]]:
 def test_a_due_time_across_a_kill_of_every_ticker_runs_exactly_once(
     cluster: Cluster, workspace: Path
 ) -> None:
+    """An `every 60s` job and a `* * * * *` cron job both due at the next whole minute (at
+    least 8 s away, so the kill lands before it): one run each, then the next on time."""
     store = Store(cluster.iso.database_url)
     try:
         now = datetime.now(UTC)
-        due = now + timedelta(seconds=4)
-        job = CronStore(store.conn).add(
-            CronJob(
-                agent_id="main",
-                name="ping",
-                schedule=Schedule(kind="every", every_s=60),
-                prompt="ping",
-                script=script({"text": "pong"}),
-                workspace=str(workspace),
-                anchor=due,  # fires at `due`, then every minute
-                grace_s=60,
-            ),
-            now,
-            50,
+        due = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        if (due - now).total_seconds() < 8:
+            due += timedelta(minutes=1)
+        crons = CronStore(store.conn)
+        every, minutely = (
+            crons.add(
+                CronJob(
+                    agent_id="main",
+                    name=name,
+                    schedule=schedule,
+                    prompt="ping",
+                    script=script({"text": "pong"}),
+                    workspace=str(workspace),
+                    anchor=due if schedule.kind == "every" else None,
+                    grace_s=60,
+                ),
+                now,
+                50,
+            )
+            for name, schedule in (
+                ("ping", Schedule(kind="every", every_s=60)),
+                ("tick", Schedule(kind="cron", cron="* * * * *", timezone="Europe/Berlin")),
+            )
         )
+        assert every.next_at == due and minutely.next_at == due
         time.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds() - 1.5))
         orchestrators = list(range(cluster.stack.orchestrators))
         for i in orchestrators:  # every ticker dies before the due time
             cluster.stack.procs[i].send_signal(signal.SIGKILL)
             cluster.stack.procs[i].wait(10)
         time.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds() + 2))
-        assert runs(store, job.id) == []  # nobody ticked while they were down
+        assert runs(store, every.id) == [] and runs(store, minutely.id) == []
         for i in orchestrators:
             cluster.stack.procs[i] = subprocess.Popen(
                 cluster.stack.commands[i], env=cluster.stack.env
             )
-        wait_until(lambda: [r["status"] for r in runs(store, job.id)] == ["ok"], 60, "the run done")
-        time.sleep(2)  # every orchestrator ticks ~10 times more: still one run
-        (run,) = runs(store, job.id)
-        assert run["scheduled_at"] == due
+        for job in (every, minutely):
+            wait_until(
+                lambda j=job: [r["status"] for r in runs(store, j.id)] == ["ok"],  # type: ignore[misc]
+                60,
+                f"the run of {job.name} done",
+            )
+        time.sleep(2)  # every orchestrator ticks ~10 times more: still one run each
+        for job in (every, minutely):
+            (run,) = runs(store, job.id)
+            assert run["scheduled_at"] == due
+            final = store.conn.execute(
+                "SELECT final_text FROM jobs WHERE id = %s", (run["job_id"],)
+            ).fetchone()
+            assert final is not None and final["final_text"] == "pong"
+            nxt = CronStore(store.conn).get("main", "", job.name)
+            assert nxt is not None and nxt.next_at == due + timedelta(seconds=60)
         row = store.conn.execute(
             "SELECT count(*) AS n FROM jobs WHERE id LIKE 'cron-%%'"
         ).fetchone()
-        assert row is not None and row["n"] == 1
-        final = store.conn.execute(
-            "SELECT final_text FROM jobs WHERE id = %s", (run["job_id"],)
-        ).fetchone()
-        assert final is not None and final["final_text"] == "pong"
-        nxt = CronStore(store.conn).get("main", "", "ping")
-        assert nxt is not None and nxt.next_at == due + timedelta(seconds=60)
+        assert row is not None and row["n"] == 2
     finally:
         store.close()
 
@@ -116,3 +146,81 @@ def test_the_cron_tool_adds_lists_and_removes(cluster: Cluster, workspace: Path)
     assert "standup" in listed.output and ("T07:00" in listed.output or "T08:00" in listed.output)
     assert bad.is_error and "name" in bad.output
     assert not removed.is_error and "removed standup" in removed.output
+
+
+def test_an_isolated_runs_result_is_announced_to_the_session_that_scheduled_it(
+    cluster: Cluster, workspace: Path
+) -> None:
+    at = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
+    origin = cluster.client.submit(
+        "remind me",
+        workspace=str(workspace),
+        user="bob",
+        allow=["cron"],
+        script={
+            **script(
+                cron(
+                    "a",
+                    action="add",
+                    name="report",
+                    kind="at",
+                    at=at,
+                    prompt="make the report",
+                    script={"turns": [{"text": "report ready"}]},
+                ),
+                {"text": "scheduled"},
+            ),
+            "on_announce": {"turns": [{"text": "noted"}]},
+        },
+    )
+    (added,) = origin.wait(timeout=60).tool_calls
+    assert not added.is_error, added.output
+    session = cluster.client.store.job(origin.id)["session_id"]  # type: ignore[index]
+    store = Store(cluster.iso.database_url)
+    try:
+
+        def announced() -> list[dict[str, object]]:
+            return store.conn.execute(
+                "SELECT spec->>'prompt' AS prompt, final_text FROM jobs"
+                " WHERE session_id = %s AND id <> %s AND status = 'completed'",
+                (session, origin.id),
+            ).fetchall()
+
+        wait_until(lambda: len(announced()) == 1, 60, "the announcement delivered")
+        (row,) = announced()
+        assert str(row["prompt"]).startswith("[scheduled job report at ")
+        assert "completed]\nreport ready" in str(row["prompt"]) and row["final_text"] == "noted"
+        gone = store.conn.execute("SELECT 1 FROM cron_jobs WHERE name = 'report'").fetchone()
+        assert gone is None  # a one-shot `at` job is removed after it succeeds
+    finally:
+        store.close()
+
+
+def test_a_webhook_delivery_posts_the_runs_result_once(
+    cluster: Cluster, workspace: Path, receiver: Site
+) -> None:
+    store = Store(cluster.iso.database_url)
+    try:
+        now = datetime.now(UTC)
+        CronStore(store.conn).add(
+            CronJob(
+                agent_id="main",
+                name="hooked",
+                schedule=Schedule(kind="at", at=now + timedelta(seconds=2)),
+                prompt="say it",
+                script=script({"text": "delivered text"}),
+                workspace=str(workspace),
+                delivery="webhook",
+                webhook_url=receiver.url + "/hook",
+            ),
+            now,
+            50,
+        )
+        wait_until(lambda: "/hook" in receiver.paths(), 60, "the webhook posted")
+        time.sleep(1.0)  # more ticks: still one post
+        (seen,) = [s for s in receiver.seen if s.path == "/hook"]
+        body = seen.json()
+        assert seen.method == "POST" and body["name"] == "hooked"
+        assert body["status"] == "completed" and body["text"] == "delivered text"
+    finally:
+        store.close()

@@ -178,3 +178,56 @@ def test_workers_answer_remote_control(cluster: Cluster, workspace: Path) -> Non
     assert int(pinged.output.split()[0]) >= 4  # fs, runtime, automation and web workers
     queues = gateway(cluster, workspace, action="workers", op="active_queues")
     assert not queues.is_error and "web" in queues.output and "automation" in queues.output
+
+
+def test_workers_add_and_cancel_a_consumer_and_restart_a_pool(
+    cluster: Cluster, workspace: Path
+) -> None:
+    pinged = gateway(cluster, workspace, action="workers", op="ping").output
+    names = pinged.split(": ", 1)[1].split(", ")
+    fs = next(n for n in names if n.startswith("fs."))
+    runtime = next(n for n in names if n.startswith("runtime."))
+
+    added = gateway(
+        cluster, workspace, action="workers", op="add_consumer", queue="extra", destination=[fs]
+    )
+    assert f"{fs}: add consumer extra" in added.output, added.output
+    queues = gateway(cluster, workspace, action="workers", op="active_queues", destination=[fs])
+    assert "extra" in queues.output.split(": ", 1)[1].split(", "), queues.output
+
+    cancelled = gateway(
+        cluster, workspace, action="workers", op="cancel_consumer", queue="extra", destination=[fs]
+    )
+    assert f"{fs}: no longer consuming from extra" in cancelled.output, cancelled.output
+    queues = gateway(cluster, workspace, action="workers", op="active_queues", destination=[fs])
+    assert "extra" not in queues.output.split(": ", 1)[1].split(", "), queues.output
+
+    restarted = gateway(
+        cluster, workspace, action="workers", op="pool_restart", destination=[runtime]
+    )
+    assert f"{runtime}: reload started" in restarted.output, restarted.output
+    time.sleep(2.0)  # the prefork children are replaced; calls keep working after it
+    (call, _), = exec_jobs(cluster, workspace, 1)
+    assert not call.is_error and "hi" in call.output, call.output
+
+
+def test_a_version_that_fails_the_orchestrators_health_check_is_rolled_back(
+    cluster: Cluster, workspace: Path
+) -> None:
+    """Valid settings, but a hook program that is not on the orchestrators' host: such a
+    hook would fail open on every exec; the version is marked bad and exec runs as before."""
+    hooks = {"PreToolUse": [{"matcher": "exec", "hooks": [{"command": "/nonexistent/guard"}]}]}
+    applied = gateway(cluster, workspace, action="config.apply", config={"hooks": hooks})
+    assert not applied.is_error and "applied version" in applied.output, applied.output
+    version = int(applied.output.split("applied version ")[1].split(";")[0])
+
+    ran = exec_jobs(cluster, workspace, 2)
+    assert all(not c.is_error and "hi" in c.output for c, _ in ran), [c.output for c, _ in ran]
+    store = Store(cluster.iso.database_url)
+    try:
+        (row,) = [v for v in LiveConfigStore(store.conn).history() if v.version == version]
+        assert row.status == "bad" and "/nonexistent/guard" in row.note, row
+        current = LiveConfigStore(store.conn).current()
+        assert current is None or "hooks" not in current.config
+    finally:
+        store.close()

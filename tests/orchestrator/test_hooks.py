@@ -159,3 +159,21 @@ def test_python_hooks_sync_and_async() -> None:
     outcome = run({}, data, pre=[("exec", deny_rm)])
     assert outcome.verdict is not None and outcome.verdict.behavior == "deny"
     assert run({}, hook_input("read_file"), pre=[("exec", deny_rm)]).ran == []
+
+
+def test_problems_name_a_missing_program_and_a_bad_regex_but_not_shell_lines() -> None:
+    config = HooksConfig.model_validate(
+        {
+            "PreToolUse": [
+                {"matcher": "exec", "hooks": [{"command": "/nonexistent/guard --strict"}]},
+                {"matcher": "(unclosed", "hooks": [{"command": "LANG=C sh -c 'exit 0'"}]},
+                {"matcher": "*", "hooks": [{"command": f"{sys.executable} -c pass"}]},
+                {"matcher": "", "hooks": [{"command": "$HOOK_BIN/check"}]},
+            ]
+        }
+    )
+    problems = Hooks(config).problems()
+    assert problems == [
+        "hook program '/nonexistent/guard' is not found on this host",
+        "hook matcher '(unclosed' is not a regex: missing ), unterminated subpattern at position 0",
+    ]

@@ -153,6 +153,7 @@ class Cron(Tool[CronInput]):
             script=args.script,
             workspace=ctx.context.workspace,
             session_id=ctx.session_id if args.session == "this" else "",
+            origin_session=ctx.session_id,
             delivery=args.delivery or "session",
             webhook_url=args.webhook_url or "",
             missed=args.missed or "run_once",

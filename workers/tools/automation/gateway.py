@@ -154,15 +154,27 @@ class Gateway(Tool[GatewayInput]):
             lines = [f"{w}: {', '.join(q['name'] for q in qs)}" for w, qs in sorted(queues.items())]
             return ToolResult(for_llm="\n".join(lines) or "no worker answered")
         if args.op == "pool_restart":
-            control.pool_restart(destination=where, reply=False)
-            return ToolResult(for_llm="pool restart sent (workers started with pool restarts on)")
+            answers = control.pool_restart(destination=where, reply=True, timeout=2.0)
+            return ToolResult(for_llm=_replies("pool restart", answers))
         if not args.queue:
             raise ToolError(f"{args.op} needs queue")
         if args.op == "add_consumer":
-            control.add_consumer(args.queue, destination=where, reply=False)
+            answers = control.add_consumer(args.queue, destination=where, reply=True, timeout=1.0)
         else:
-            control.cancel_consumer(args.queue, destination=where, reply=False)
-        return ToolResult(for_llm=f"{args.op} {args.queue} sent")
+            answers = control.cancel_consumer(
+                args.queue, destination=where, reply=True, timeout=1.0
+            )
+        return ToolResult(for_llm=_replies(f"{args.op} {args.queue}", answers))
+
+
+def _replies(what: str, answers: list[dict[str, Any]] | None) -> str:
+    """Each worker's answer to a control command, one line each (ok or its error)."""
+    lines = [
+        f"{worker}: {reply.get('ok') or 'error: ' + str(reply.get('error'))}"
+        for answer in answers or []
+        for worker, reply in answer.items()
+    ]
+    return f"{what}: {len(lines)} workers answered\n" + "\n".join(sorted(lines))
 
 
 def _value(settings: Settings, applied: dict[str, Any], key: str) -> Any:
