@@ -5,7 +5,8 @@
 (b) calls per second through one worker process, clawq vs bare Celery;
 (c) 1,000 concurrent scripted jobs (3 turns with one call each, then a final answer) on
     one orchestrator process: wall time, p99 call latency, orchestrator peak RSS.
-... and (d) to (h) below; (l), the cost of confinement, is `bench/confinement.py`.
+... and (d) to (h) below; (l), the cost of confinement, is `bench/confinement.py`; (m) to
+(q) are bench/web.py, api.py, memory.py, ui.py and messaging.py.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -32,7 +33,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import api, confinement, memory, ui, web
+from bench import api, confinement, memory, messaging, ui, web
 from broker import keys
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
@@ -614,6 +615,7 @@ def main() -> None:
                 "api": lambda: api.run(console, bench, process, wait_for),
                 "memory": lambda: memory.run(console),
                 "ui": lambda: ui.run(console, bench, process, wait_for),
+                "messaging": lambda: messaging.run(console, bench, process, wait_for),
             }
             for name in only:
                 sections[name]()
@@ -754,6 +756,7 @@ def main() -> None:
         api.run(console, bench, process, wait_for)
         memory.run(console)
         ui.run(console, bench, process, wait_for)
+        messaging.run(console, bench, process, wait_for)
     finally:
         bench.close()
 

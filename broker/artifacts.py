@@ -21,7 +21,8 @@ from pydantic import BaseModel
 from broker.settings import Settings
 
 COLUMNS = (
-    "id, hash, mime, size, width, height, name, user_id, session_id, job_id, created_at, expires_at"
+    "id, hash, mime, size, width, height, duration_s, name, user_id, session_id, job_id,"
+    " created_at, expires_at"
 )
 
 
@@ -36,6 +37,7 @@ class Artifact(BaseModel):
     size: int
     width: int | None = None
     height: int | None = None
+    duration_s: float | None = None  # audio and video
     name: str = ""
     user_id: str = ""
     session_id: str = ""
@@ -46,7 +48,8 @@ class Artifact(BaseModel):
     def describe(self) -> str:
         """What the model is told about it."""
         shape = f", {self.width}x{self.height}" if self.width and self.height else ""
-        return f"artifact {self.id} ({self.mime}, {self.size} bytes{shape})"
+        length = f", {self.duration_s:.1f} s" if self.duration_s else ""
+        return f"artifact {self.id} ({self.mime}, {self.size} bytes{shape}{length})"
 
 
 class ArtifactStore:
@@ -70,6 +73,7 @@ class ArtifactStore:
         name: str = "",
         width: int | None = None,
         height: int | None = None,
+        duration_s: float | None = None,
     ) -> Artifact:
         if len(data) > self.settings.artifact_max_bytes:
             raise ArtifactError(
@@ -83,9 +87,9 @@ class ArtifactStore:
         row = self.conn.execute(
             "WITH blob AS (INSERT INTO artifact_blobs (hash, size, data) VALUES (%s, %s, %s)"
             " ON CONFLICT (hash) DO NOTHING)"
-            " INSERT INTO artifacts (id, hash, mime, size, width, height, name, user_id,"
-            " session_id, job_id, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " %s, now() + make_interval(secs => %s)) RETURNING " + COLUMNS,
+            " INSERT INTO artifacts (id, hash, mime, size, width, height, duration_s, name,"
+            " user_id, session_id, job_id, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s, now() + make_interval(secs => %s)) RETURNING " + COLUMNS,
             (
                 digest,
                 len(data),
@@ -96,6 +100,7 @@ class ArtifactStore:
                 len(data),
                 width,
                 height,
+                duration_s,
                 name,
                 user_id,
                 session_id,

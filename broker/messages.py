@@ -109,6 +109,10 @@ class JobSpec(BaseModel):
     user_id: str = ""
     max_iterations: int = 20
     system: str = ""
+    # where the job's input came from: `message` answers there by default and refuses to
+    # send text to it (that is the job's answer)
+    channel: str = ""
+    chat_id: str = ""
     # a subagent: the job that spawned it, the root of its tree, the parent's session
     parent_id: str = ""
     root_id: str = ""

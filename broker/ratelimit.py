@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import redis
 import redis.asyncio as aioredis
 
 from broker import keys
@@ -38,3 +39,32 @@ class RateLimiter:
             args=[time.time(), self.window_s, self.limit, uuid.uuid4().hex],
         )
         return bool(ok), int(used)
+
+
+# the same window, answering how long until a slot frees when it is full
+ADMIT_OR_WAIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1] - ARGV[2])
+local used = redis.call('ZCARD', KEYS[1])
+if used >= tonumber(ARGV[3]) then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tostring(tonumber(oldest[2]) + tonumber(ARGV[2]) - tonumber(ARGV[1]))}
+end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])))
+return {1, '0'}
+"""
+
+
+class SyncWindow:
+    """The sliding window for worker threads: `take` admits one use, or says how many
+    seconds until the oldest use leaves the window."""
+
+    def __init__(self, client: redis.Redis, key: str, limit: int, window_s: float) -> None:
+        self.key, self.limit, self.window_s = key, limit, window_s
+        self._admit = client.register_script(ADMIT_OR_WAIT)
+
+    def take(self) -> tuple[bool, float]:
+        ok, wait = self._admit(
+            keys=[self.key], args=[time.time(), self.window_s, self.limit, uuid.uuid4().hex]
+        )
+        return bool(ok), max(0.0, float(wait))

@@ -7,11 +7,47 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.context_files import CONTEXT_FILES
 from broker.policy_config import HooksConfig, PermissionRules, ToolPolicy
+
+TtsProvider = Literal["espeak", "openai", "elevenlabs", "edge"]
+
+
+class MessageChannel(BaseModel):
+    """One channel `message` can send to. `kind` decides which fields matter:
+    webhook: `url` (+ `secret_env` for the HMAC-SHA256 signature);
+    slack: `url` (an incoming webhook) or `token_env` (chat.postMessage at `api_base`);
+    telegram: `token_env` (the Bot API at `api_base`);
+    email: `host`, `port`, `username`, `password_env`, `sender`, `starttls`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["webhook", "slack", "telegram", "email"]
+    url: str = ""
+    api_base: str = ""  # '': the provider's (https://slack.com/api, https://api.telegram.org)
+    token_env: str = ""
+    secret_env: str = ""
+    host: str = ""
+    port: int = Field(587, ge=1, le=65535)
+    username: str = ""
+    password_env: str = ""
+    sender: str = ""
+    starttls: bool = True
+    ca_file: str = ""  # email: a CA bundle to trust (a private mail server); '': the system's
+    default_target: str = ""  # a chat, a Slack channel, an address
+
+
+class ImageEndpoint(BaseModel):
+    """An OpenAI-compatible images API (`POST {base_url}/images/generations`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    api_key_env: str = ""
+    model: str = "gpt-image-1"
 
 
 class Settings(BaseSettings):
@@ -255,6 +291,47 @@ class Settings(BaseSettings):
     cron_tick_s: float = Field(1.0, gt=0)
     cron_max_jobs_per_agent: int = Field(50, ge=1)
     cron_max_payload_bytes: int = Field(4096, ge=64, description="a job's prompt")
+
+    # messaging (group messaging): channels by name; secrets come from environment variables
+    # that a channel names (`token_env`, `secret_env`, `password_env`), never from here
+    message_channels: dict[str, MessageChannel] = Field(
+        default_factory=dict, description="name → channel (webhook, slack, telegram, email)"
+    )
+    message_rate_per_minute: int = Field(30, ge=1, description="sends per channel, cluster-wide")
+    message_max_chars: int = Field(4000, ge=100, description="one message's text")
+    message_max_attachments: int = Field(10, ge=0)
+    message_timeout_s: float = Field(20.0, gt=0, description="one provider request")
+
+    # media (group media): tts, image, skill_search
+    tts_providers: list[TtsProvider] = Field(
+        default_factory=lambda: list[TtsProvider](["espeak"]), description="tried in this order"
+    )
+    tts_format: Literal["opus", "mp3"] = "opus"
+    tts_voice: str = Field("", description="the provider's voice; '': its default")
+    tts_max_chars: int = Field(4000, ge=100, description="per provider request")
+    tts_max_total_chars: int = Field(20_000, ge=100, description="one call's text")
+    tts_timeout_s: float = Field(60.0, gt=0, description="one provider request (or espeak-ng)")
+    openai_tts_model: str = "gpt-4o-mini-tts"
+    elevenlabs_base_url: str = "https://api.elevenlabs.io"
+    elevenlabs_api_key: str = ""
+    elevenlabs_voice_id: str = "21m00Tcm4TlvDqDrYTX3"
+    elevenlabs_model: str = "eleven_multilingual_v2"
+    image_providers: list[str] = Field(
+        default_factory=lambda: ["openai"], description="openai, or names of image_endpoints"
+    )
+    image_model: str = "gpt-image-1"
+    image_endpoints: dict[str, ImageEndpoint] = Field(
+        default_factory=dict, description="name → another OpenAI-compatible images endpoint"
+    )
+    image_max_n: int = Field(4, ge=1, le=10)
+    image_timeout_s: float = Field(120.0, gt=0)
+    media_quota_per_day: dict[str, int] = Field(
+        default_factory=dict, description="provider → requests a day, cluster-wide"
+    )
+    skill_roots: list[str] = Field(
+        default_factory=list, description="folders of skills (each a folder with a SKILL.md)"
+    )
+    skill_search_max_results: int = Field(5, ge=1, le=50)
 
     # the process tool (background commands of a session)
     process_state_dir: str = "/tmp/clawq-processes"

@@ -206,11 +206,14 @@ class Client:
         max_iterations: int | None = None,
         system: str = "",
         job_id: str | None = None,
+        channel: str = "",
+        chat_id: str = "",
     ) -> Job:
         """Store the job and queue its agent run; returns at once.
 
         `allow`, `ask` and `deny` are the job's permission rules (`exec`,
-        `exec(git status *)`, `read_file(./secrets/**)`, …)."""
+        `exec(git status *)`, `read_file(./secrets/**)`, …). `channel` and `chat_id` say
+        where the prompt came from (a configured message channel and its chat)."""
         if not prompt.strip():
             raise ClientError("prompt is empty")
         if not os.path.isabs(workspace):
@@ -246,6 +249,8 @@ class Client:
             user_id=user,
             max_iterations=max_iterations or self.settings.max_iterations,
             system=system,
+            channel=channel,
+            chat_id=chat_id,
         )
         job_id = job_id or uuid.uuid4().hex
         self.store.create_job(job_id, session_id=job_id, spec=spec, user_id=user)

@@ -355,6 +355,8 @@ class JobRun:
                     workspace=self.spec.workspace,
                     user_id=self.spec.user_id,
                     agent_id=self.spec.agent_id,
+                    channel=self.spec.channel,
+                    chat_id=self.spec.chat_id,
                     sandbox_key=(
                         self.session_id
                         if self.s.settings.sandbox_scope == "session"

@@ -33,6 +33,7 @@ GROUP_MEMBERS: dict[str, tuple[str, ...]] = {
     "ui": ("browser", "canvas"),
     "automation": ("cron", "gateway"),
     "messaging": ("message",),
+    "media": ("tts", "image", "skill_search"),
 }
 PROFILES: dict[str, tuple[str, ...] | None] = {
     "full": None,  # every registered tool

@@ -231,6 +231,8 @@ class RemoteClient(Client):
         agent: str = "main",
         max_iterations: int | None = None,
         system: str = "",
+        channel: str = "",
+        chat_id: str = "",
     ) -> RemoteJob:
         body = {
             "prompt": prompt,
@@ -244,6 +246,8 @@ class RemoteClient(Client):
             "agent": agent,
             "max_iterations": max_iterations,
             "system": system,
+            "channel": channel,
+            "chat_id": chat_id,
         }
         job_id = _check(self.http.post("/v1/jobs", json=body)).json()["job_id"]
         return RemoteJob(self, job_id)

@@ -204,6 +204,7 @@ class WorkerRuntime:
             settings=self.settings,
             job_id=envelope.job_id,
             call_id=envelope.call_id,
+            turn=envelope.turn,
             session_id=envelope.session_id,
             sandbox=self.sandbox,
             store=self.store,

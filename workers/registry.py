@@ -143,7 +143,9 @@ def default_registry() -> Registry:
     from workers.tools import (
         automation,
         fs,
+        media,
         memory,
+        messaging,
         nodes,
         process,
         runtime,
@@ -165,5 +167,7 @@ def default_registry() -> Registry:
             *ui.TOOLS,
             *automation.TOOLS,
             *nodes.TOOLS,
+            *messaging.TOOLS,
+            *media.TOOLS,
         ]
     )

@@ -65,6 +65,7 @@ class ToolContext:
     settings: Settings
     job_id: str = ""
     call_id: str = ""
+    turn: int = 0  # the model turn: with job_id and call_id, the call's unique key
     session_id: str = ""
     sandbox: Sandbox | None = None  # this process's sandbox when it is enabled
     store: Callable[[], Store] | None = None  # PostgreSQL, for tools that read sessions

@@ -37,6 +37,8 @@ class SubmitJob(BaseModel):
     agent: str = "main"
     max_iterations: int | None = Field(None, ge=1)
     system: str = ""
+    channel: str = Field("", description="the message channel the prompt came from")
+    chat_id: str = Field("", description="its chat (a chat id, a Slack channel, an address)")
 
 
 class Submitted(BaseModel):
@@ -129,6 +131,8 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
             max_iterations=body.max_iterations,
             system=body.system,
             job_id=job_id,
+            channel=body.channel,
+            chat_id=body.chat_id,
         )
     except ClientError as exc:
         raise ApiError(400, "invalid_input", str(exc)) from None

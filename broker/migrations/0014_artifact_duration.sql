@@ -1,0 +1,2 @@
+-- Audio and video artifacts carry their decoded length.
+ALTER TABLE artifacts ADD COLUMN duration_s real;

@@ -1,0 +1,456 @@
+"""message against real local receivers: HTTP servers that speak the documented request
+shapes of a signed webhook, Slack (an incoming webhook; chat.postMessage and chat.update
+with a bot token) and Telegram's Bot API (sendMessage, sendDocument, editMessageText), and
+aiosmtpd, a real SMTP server, with STARTTLS on a certificate made for the test. Plus the
+guards (self-sends, forwards), the outbox (a repeated call sends nothing) and the rate
+limit, on real Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import email
+import hashlib
+import hmac
+import json
+import ssl
+import uuid
+from collections.abc import Iterator
+from email.message import Message as Mail
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from broker.artifacts import ArtifactStore
+from broker.message_outbox import Outbox
+from broker.messages import CallContext
+from broker.settings import Settings
+from broker.store import Store
+from tests.conftest import Isolated
+from tests.sites import Reply, Seen, Site
+from workers.execute import run_tool
+from workers.registry import default_registry
+from workers.tool import ToolContext, ToolResult
+from workers.tools.messaging.channels import SIGNATURE_HEADER, TIMESTAMP_HEADER
+
+REGISTRY = default_registry()
+SECRET, SLACK_TOKEN, TG_TOKEN = "whsec-test", "xoxb-test-token", "123456:TEST-token"
+SMTP_PASSWORD = "smtp-pass"
+
+
+class Receivers:
+    """What each local provider got, checked against its documented shape as it came in."""
+
+    def __init__(self) -> None:
+        self.hooks: list[dict[str, Any]] = []
+        self.slack: list[tuple[str, dict[str, Any]]] = []
+        self.telegram: list[tuple[str, Seen]] = []
+        self.bad: list[str] = []  # requests that broke the documented shape
+
+    def webhook(self, seen: Seen) -> Reply:
+        stamp = seen.headers.get(TIMESTAMP_HEADER.lower(), "")
+        mac = hmac.new(SECRET.encode(), stamp.encode() + b"." + seen.body, hashlib.sha256)
+        if seen.headers.get(SIGNATURE_HEADER.lower()) != "sha256=" + mac.hexdigest():
+            self.bad.append("webhook signature")
+            return Reply(401, b"bad signature")
+        self.hooks.append(seen.json())
+        return Reply(200, b'{"received": true}', "application/json")
+
+    def slack_incoming(self, seen: Seen) -> Reply:
+        body = seen.json()
+        if set(body) != {"text"}:
+            self.bad.append(f"slack incoming {body}")
+            return Reply(400, b"invalid_payload")
+        self.slack.append(("incoming", body))
+        return Reply(200, b"ok")
+
+    def slack_api(self, seen: Seen) -> Reply:
+        if seen.headers.get("authorization") != f"Bearer {SLACK_TOKEN}":
+            return Reply(200, b'{"ok": false, "error": "invalid_auth"}', "application/json")
+        method, body = seen.path.rsplit("/", 1)[1], seen.json()
+        if body.get("channel") == "C-missing":
+            return Reply(200, b'{"ok": false, "error": "channel_not_found"}', "application/json")
+        self.slack.append((method, body))
+        ts = body.get("ts") or f"17000000{len(self.slack)}.000100"
+        answer = {"ok": True, "channel": body["channel"], "ts": ts}
+        return Reply(200, json.dumps(answer).encode(), "application/json")
+
+    def telegram_api(self, seen: Seen) -> Reply:
+        prefix, method = seen.path.rsplit("/", 1)
+        if prefix != f"/bot{TG_TOKEN}":
+            return Reply(401, b'{"ok": false, "error_code": 401, "description": "Unauthorized"}')
+        if method == "sendDocument":
+            ok = b'name="chat_id"' in seen.body and b'name="document"' in seen.body
+            chat = seen.body.split(b'name="chat_id"\r\n\r\n', 1)[1].split(b"\r\n", 1)[0].decode()
+        else:
+            body = seen.json()
+            ok, chat = "chat_id" in body and "text" in body, str(body.get("chat_id"))
+        if not ok:
+            self.bad.append(f"telegram {method}")
+            return Reply(400, b'{"ok": false, "error_code": 400, "description": "Bad Request"}')
+        if chat == "404":
+            return Reply(
+                400,
+                b'{"ok": false, "error_code": 400, "description": "Bad Request: chat not found"}',
+                "application/json",
+            )
+        self.telegram.append((method, seen))
+        result = {"message_id": 100 + len(self.telegram), "chat": {"id": chat}}
+        return Reply(200, json.dumps({"ok": True, "result": result}).encode(), "application/json")
+
+
+@pytest.fixture(scope="module")
+def receivers() -> Iterator[tuple[Receivers, Site]]:
+    got = Receivers()
+    routes: dict[str, Any] = {
+        "/hook": got.webhook,
+        "/slack-incoming": got.slack_incoming,
+        "/api/chat.postMessage": got.slack_api,
+        "/api/chat.update": got.slack_api,
+    }
+    for method in ("sendMessage", "sendDocument", "editMessageText"):
+        routes[f"/bot{TG_TOKEN}/{method}"] = got.telegram_api
+    with Site(routes) as site:
+        yield got, site
+
+
+class Mailbox:
+    """aiosmtpd's handler: every message it accepted."""
+
+    def __init__(self) -> None:
+        self.mails: list[Mail] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.mails.append(email.message_from_bytes(envelope.content))
+        return "250 OK"
+
+
+def certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (the test trusts it through ca_file)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture(scope="module")
+def smtp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mailbox, int, Path]]:
+    import socket
+
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import AuthResult, LoginPassword
+
+    def authenticate(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
+        ok = isinstance(data, LoginPassword) and data.password == SMTP_PASSWORD.encode()
+        return AuthResult(success=ok, handled=False)  # aiosmtpd answers 535 on a failure
+
+    cert, key = certificate(tmp_path_factory.mktemp("tls"))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    box = Mailbox()
+    controller = Controller(
+        box,
+        hostname="127.0.0.1",
+        port=port,
+        tls_context=context,
+        require_starttls=True,
+        authenticator=authenticate,
+        auth_required=True,
+    )
+    controller.start()
+    try:
+        yield box, port, cert
+    finally:
+        controller.stop()
+
+
+@pytest.fixture
+def settings(
+    isolated: Isolated,
+    receivers: tuple[Receivers, Site],
+    smtp: tuple[Mailbox, int, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Settings:
+    _, site = receivers
+    _, port, cert = smtp
+    for env, value in (
+        ("TEST_HOOK_SECRET", SECRET),
+        ("TEST_SLACK_TOKEN", SLACK_TOKEN),
+        ("TEST_TG_TOKEN", TG_TOKEN),
+        ("TEST_SMTP_PASSWORD", SMTP_PASSWORD),
+    ):
+        monkeypatch.setenv(env, value)
+    channels = {
+        "hook": {"kind": "webhook", "url": site.url + "/hook", "secret_env": "TEST_HOOK_SECRET"},
+        "team": {"kind": "slack", "url": site.url + "/slack-incoming"},
+        "slackbot": {
+            "kind": "slack",
+            "token_env": "TEST_SLACK_TOKEN",
+            "api_base": site.url + "/api",
+            "default_target": "C-general",
+        },
+        "tg": {"kind": "telegram", "token_env": "TEST_TG_TOKEN", "api_base": site.url},
+        "mail": {
+            "kind": "email",
+            "host": "127.0.0.1",
+            "port": port,
+            "username": "clawq",
+            "password_env": "TEST_SMTP_PASSWORD",
+            "sender": "agent@clawq.test",
+            "ca_file": str(cert),
+        },
+    }
+    return isolated.settings.model_copy(
+        update={
+            "message_channels": Settings.model_validate(
+                {"message_channels": channels}
+            ).message_channels,
+            "web_private_allow": [site.endpoint],
+        }
+    )
+
+
+def send(
+    settings: Settings,
+    *,
+    origin: tuple[str, str] = ("", ""),
+    call: str = "",
+    job: str = "job-1",
+    user: str = "ann",
+    **args: Any,
+) -> ToolResult:
+    store = Store(settings.database_url)
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        ctx = ToolContext(
+            CallContext(workspace="/tmp", user_id=user, channel=origin[0], chat_id=origin[1]),
+            settings,
+            job_id=job,
+            call_id=call or uuid.uuid4().hex,
+            session_id="s-1",
+            store=lambda: store,
+            redis=client,
+        )
+        return run_tool(REGISTRY, "message", args, ctx)
+    finally:
+        client.close()
+        store.close()
+
+
+def test_a_signed_webhook_is_sent_once_per_call(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    got, _ = receivers
+    before = len(got.hooks)
+    first = send(settings, channel="hook", call="c1", text="deploy finished")
+    assert not first.is_error, first.for_llm
+    (hook,) = got.hooks[before:]
+    assert hook["event"] == "message" and hook["text"] == "deploy finished"
+    assert first.metadata["message_id"] == hook["id"]
+
+    again = send(settings, channel="hook", call="c1", text="deploy finished")  # redelivered
+    assert not again.is_error and "not sent again" in again.for_llm
+    assert again.metadata["message_id"] == first.metadata["message_id"]
+    assert len(got.hooks) == before + 1 and not got.bad
+
+
+def test_slack_incoming_webhook_and_web_api_send_and_edit(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    got, _ = receivers
+    incoming = send(settings, channel="team", text="standup in 5")
+    assert not incoming.is_error, incoming.for_llm
+    assert ("incoming", {"text": "standup in 5"}) in got.slack
+
+    posted = send(settings, channel="slackbot", text="build is green")  # the default target
+    assert not posted.is_error, posted.for_llm
+    ts = posted.metadata["message_id"]
+    assert ("chat.postMessage", {"channel": "C-general", "text": "build is green"}) in got.slack
+    edited = send(settings, channel="slackbot", action="edit", message_id=ts, text="build is red")
+    assert not edited.is_error, edited.for_llm
+    assert ("chat.update", {"channel": "C-general", "ts": ts, "text": "build is red"}) in got.slack
+
+    missing = send(
+        settings,
+        channel="slackbot",
+        target="C-missing",
+        text="x",
+        forward=True,
+        reason="the other team asked for it",
+    )
+    assert missing.is_error and "channel_not_found" in missing.for_llm
+    cannot = send(settings, channel="team", action="edit", message_id="1", text="y")
+    assert cannot.is_error and "cannot edit" in cannot.for_llm
+
+
+def test_telegram_text_attachment_and_edit(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    got, _ = receivers
+    store = Store(settings.database_url)
+    try:
+        report = ArtifactStore(store.conn, settings).put(
+            b"%PDF-1.4 report", "application/pdf", user_id="ann", name="report.pdf"
+        )
+        bobs = ArtifactStore(store.conn, settings).put(b"secret", "text/plain", user_id="bob")
+    finally:
+        store.close()
+    sent = send(settings, origin=("tg", "42"), text="here is the report", attachments=[report.id])
+    assert not sent.is_error, sent.for_llm
+    methods = [m for m, _ in got.telegram[-2:]]
+    assert methods == ["sendMessage", "sendDocument"]
+    document = got.telegram[-1][1]
+    assert b"%PDF-1.4 report" in document.body and b'filename="report.pdf"' in document.body
+    message_id = sent.metadata["message_id"]
+    edited = send(settings, origin=("tg", "42"), action="edit", message_id=message_id, text="v2")
+    assert not edited.is_error and got.telegram[-1][0] == "editMessageText"
+    assert got.telegram[-1][1].json() == {
+        "chat_id": "42",
+        "message_id": int(message_id),
+        "text": "v2",
+    }
+
+    foreign = send(settings, origin=("tg", "42"), attachments=[bobs.id])
+    assert foreign.is_error and "no artifact" in foreign.for_llm  # another user's artifact
+    lost = send(settings, channel="tg", target="404", text="x", forward=True, reason="asked to")
+    assert lost.is_error and "chat not found" in lost.for_llm and TG_TOKEN not in lost.for_llm
+
+
+def test_email_over_starttls_with_login_and_an_attachment(
+    settings: Settings, smtp: tuple[Mailbox, int, Path]
+) -> None:
+    box, _, _ = smtp
+    store = Store(settings.database_url)
+    try:
+        chart = ArtifactStore(store.conn, settings).put(
+            b"\x89PNG chart", "image/png", user_id="ann", name="chart.png"
+        )
+    finally:
+        store.close()
+    sent = send(
+        settings,
+        channel="mail",
+        target="boss@example.test",
+        subject="Weekly numbers",
+        text="Numbers attached.",
+        attachments=[chart.id],
+        forward=True,
+        reason="the user asked to mail their manager",
+    )
+    assert not sent.is_error, sent.for_llm
+    mail = box.mails[-1]
+    assert mail["To"] == "boss@example.test" and mail["Subject"] == "Weekly numbers"
+    assert mail["Message-ID"] == sent.metadata["message_id"]
+    parts = {p.get_content_type(): p for p in mail.walk()}
+    assert parts["image/png"].get_payload(decode=True) == b"\x89PNG chart"
+
+    wrong = settings.model_copy(deep=True)
+    wrong.message_channels["mail"].password_env = "TEST_HOOK_SECRET"  # a wrong password
+    refused = send(
+        wrong, channel="mail", target="a@example.test", text="x", forward=True, reason="testing"
+    )
+    assert (
+        refused.is_error
+        and SECRET not in refused.for_llm
+        and SMTP_PASSWORD not in (refused.for_llm)
+    )
+
+
+def test_self_sends_and_unexplained_forwards_are_refused(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    got, _ = receivers
+    before = len(got.telegram)
+    own = send(settings, origin=("tg", "42"), text="the answer is 4")
+    assert own.is_error and "put this text in your reply" in own.for_llm
+    same = send(settings, origin=("tg", "42"), target="42", text="the answer is 4")
+    assert same.is_error and "put this text in your reply" in same.for_llm
+    elsewhere = send(settings, origin=("tg", "42"), target="77", text="psst")
+    assert elsewhere.is_error and "forward=true" in elsewhere.for_llm
+    no_reason = send(settings, origin=("tg", "42"), target="77", text="psst", forward=True)
+    assert no_reason.is_error and "reason" in no_reason.for_llm
+    assert len(got.telegram) == before  # nothing reached Telegram
+
+    forwarded = send(
+        settings,
+        origin=("tg", "42"),
+        target="77",
+        text="psst",
+        forward=True,
+        reason="the user asked to tell Bob",
+    )
+    assert not forwarded.is_error, forwarded.for_llm
+    (to_bob, note) = got.telegram[before:]
+    assert to_bob[1].json() == {"chat_id": "77", "text": "psst"}
+    assert (
+        note[1].json()["chat_id"] == "42"
+        and "the user asked to tell Bob" in (note[1].json()["text"])
+    )
+    store = Store(settings.database_url)
+    try:
+        reasons = store.conn.execute(
+            "SELECT forward_reason FROM message_outbox WHERE target = '77'"
+        ).fetchall()
+        assert [r["forward_reason"] for r in reasons] == ["the user asked to tell Bob"]
+    finally:
+        store.close()
+
+
+def test_an_unknown_outcome_is_not_sent_again(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    """An earlier delivery claimed the row and died while the provider had the message."""
+    got, _ = receivers
+    store = Store(settings.database_url)
+    try:
+        Outbox(store.conn).claim("job-2:0:c9", "job-2", "hook", "", "send")
+    finally:
+        store.close()
+    before = len(got.hooks)
+    result = send(settings, channel="hook", job="job-2", call="c9", text="hello")
+    assert result.is_error and "unknown" in result.for_llm and "not sent again" in result.for_llm
+    assert len(got.hooks) == before
+
+
+def test_the_channel_rate_limit_holds(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    limited = settings.model_copy(update={"message_rate_per_minute": 2})
+    results = [send(limited, channel="hook", text=f"n{i}") for i in range(3)]
+    assert [r.is_error for r in results] == [False, False, True]
+    assert "limit of 2 messages a minute" in results[2].for_llm
