@@ -2,15 +2,16 @@
 # What `make test` needs from the machine, checked before any test runs.
 #
 # The suite drives real components: a Docker-API engine for the sandbox (podman with runc,
-# and busybox-static for its image), headless Chromium (Flower, the browser tools), and
-# bubblewrap (the confinement of host commands); and it talks to Redis on 127.0.0.1:6379
-# and PostgreSQL on 127.0.0.1:5432. As root on Debian or Ubuntu, missing packages are
-# installed and stopped services started; otherwise this stops at once, naming what is
-# missing. Nothing is ever skipped instead.
+# and busybox-static for its image), headless Chromium (Flower, the browser tools),
+# bubblewrap (the confinement of host commands), and espeak-ng and ffmpeg with its ffprobe
+# (the tts tool); and it talks to Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432.
+# As root on Debian or Ubuntu, missing packages are installed and stopped services started;
+# otherwise this stops at once, naming what is missing. Nothing is ever skipped instead.
 set -euo pipefail
 
 declare -A PROVIDES=(
   [podman]=podman [runc]=runc [busybox]=busybox-static [chromium]=chromium [bwrap]=bubblewrap
+  [espeak-ng]=espeak-ng [ffmpeg]=ffmpeg
 )
 missing=()
 for cmd in "${!PROVIDES[@]}"; do

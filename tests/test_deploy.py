@@ -306,6 +306,15 @@ def test_the_ui_stage_adds_chromium_to_the_runtime_and_worker_ui_uses_it() -> No
     assert services["worker-fs"]["build"]["target"] == "runtime"
 
 
+def test_the_media_stage_adds_espeak_and_ffmpeg_and_worker_media_uses_it() -> None:
+    media = stage("media")
+    assert media[0][1].split()[0] == "runtime"
+    assert any(kw == "RUN" and "espeak-ng" in args and "ffmpeg" in args for kw, args in media)
+    assert [args for kw, args in media if kw == "USER"][-1] not in ("root", "0")
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    assert services["worker-media"]["build"]["target"] == "media"
+
+
 def test_dockerfile_is_based_on_python_slim() -> None:
     froms = [args.split() for kw, args in dockerfile_instructions() if kw == "FROM"]
     stages = {f[-1] for f in froms if len(f) == 3 and f[1].lower() == "as"}

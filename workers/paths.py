@@ -53,10 +53,19 @@ VCS_DIRS = frozenset({".git"})  # skipped by directory walks
 
 
 class Workspace:
-    """The root a job's tools may touch, and the protected paths it may write."""
+    """The root a job's tools may touch, and the protected paths it may write.
+
+    `read_roots` are further folders that reads (never writes) may resolve into, checked
+    the same way (lexically, then with every symlink followed, then the opened descriptor):
+    the skill roots, so read_file can read a SKILL.md that skill_search found (goclaw's
+    resolvePathWithAllowed)."""
 
     def __init__(
-        self, root: str, writable: list[str] | None = None, hidden: list[str] | None = None
+        self,
+        root: str,
+        writable: list[str] | None = None,
+        hidden: list[str] | None = None,
+        read_roots: list[str] | None = None,
     ) -> None:
         if not root or not os.path.isabs(root):
             raise ToolError(f"workspace must be an absolute path, got '{root}'")
@@ -66,6 +75,11 @@ class Workspace:
         self.root = real
         self.writable = writable or []
         self.hidden = hidden or []  # relative globs the job's rules keep from read tools
+        self.read_roots = [
+            os.path.realpath(os.path.expanduser(r))
+            for r in read_roots or []
+            if r and os.path.isabs(os.path.expanduser(r))
+        ]
 
     def relative(self, real: str) -> str:
         rel = os.path.relpath(real, self.root)
@@ -74,12 +88,24 @@ class Workspace:
     def contains(self, real: str) -> bool:
         return real == self.root or real.startswith(self.root + os.sep)
 
+    def read_root_of(self, path: str) -> str | None:
+        """The read-only root (outside the workspace) that holds `path`, if any."""
+        if self.contains(path):
+            return None
+        return next(
+            (r for r in self.read_roots if path == r or path.startswith(r.rstrip(os.sep) + os.sep)),
+            None,
+        )
+
     def resolve(self, path: str, *, write: bool = False) -> str:
         """The real absolute path of `path`, or ToolError saying how it escapes."""
         if not path or "\x00" in path:
             raise ToolError("path is empty or contains a NUL byte")
         candidate = path if os.path.isabs(path) else os.path.join(self.root, path)
         lexical = os.path.normpath(candidate)
+        extra = None if write else self.read_root_of(lexical)
+        if extra is not None:
+            return self._resolve_read_only(path, candidate, extra)
         if not self.contains(lexical):
             raise ToolError(f"'{path}' is outside the workspace {self.root}; use a path inside it")
         real = os.path.realpath(candidate)
@@ -92,6 +118,15 @@ class Workspace:
             raise ToolError(f"'{path}' is denied by a permission rule")
         if write:
             self._check_writable(path, real)
+        self._check_links(path, real)
+        return real
+
+    def _resolve_read_only(self, path: str, candidate: str, root: str) -> str:
+        real = os.path.realpath(candidate)
+        if self.read_root_of(real) != root:
+            raise ToolError(
+                f"'{path}' goes through a symlink that points outside the skill root {root}"
+            )
         self._check_links(path, real)
         return real
 
@@ -133,7 +168,7 @@ class Workspace:
         try:
             opened = os.readlink(f"/proc/self/fd/{fd}")
             st = os.fstat(fd)
-            if not self.contains(opened):
+            if not self.contains(opened) and (write or self.read_root_of(opened) is None):
                 raise ToolError(f"'{path}' changed to point outside the workspace; refusing")
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
                 raise ToolError(f"'{path}' has {st.st_nlink} hard links; refusing to touch it")

@@ -13,6 +13,7 @@ secret-like value, so prose that mentions a password or a token stays as it is.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator
 from functools import cache
@@ -95,9 +96,17 @@ def secrets_of(settings: Settings) -> list[str]:
         settings.anthropic_api_key,
         settings.brave_api_key,
         settings.tavily_api_key,
+        settings.elevenlabs_api_key,
         settings.secret_key,
         *settings.secret_keys_retired.values(),
     ]
+    # secrets that configuration names by environment variable (channels, image endpoints)
+    named = [
+        name
+        for c in settings.message_channels.values()
+        for name in (c.token_env, c.secret_env, c.password_env)
+    ] + [e.api_key_env for e in settings.image_endpoints.values()]
+    found += [os.environ.get(name, "") for name in named if name]
     for url in (settings.redis_url, settings.database_url):
         found.append(urlsplit(url).password or "")
     return [s for s in found if len(s) >= 6]

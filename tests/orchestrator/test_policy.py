@@ -22,9 +22,7 @@ def make_tool(name: str, group: Group) -> type[Tool[Any]]:
 
 
 def registry() -> Registry:
-    reg = default_registry()
-    reg.register(make_tool("message", Group.messaging))
-    return reg
+    return default_registry()
 
 
 def visible(policy: dict[str, Any], **kwargs: Any) -> set[str]:
@@ -51,6 +49,9 @@ ALL = FS | {
     "cron",
     "gateway",
     "nodes",
+    "tts",
+    "image",
+    "skill_search",
 }
 MEMORY = {"memory_search", "memory_get"}
 NEVER_FOR_SUBAGENTS = MEMORY | {"cron", "gateway"}  # the seed's always-denied list
@@ -75,6 +76,7 @@ NEVER_FOR_SUBAGENTS = MEMORY | {"cron", "gateway"}  # the seed's always-denied l
                 "subagents",
                 "sessions_send",
                 "nodes",
+                "image",  # the seed's coding profile names it
             }
             | MEMORY,
         ),

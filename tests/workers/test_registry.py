@@ -56,6 +56,10 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "spawn",
             "subagents",
             "sessions_send",
+            "message",
+            "tts",
+            "image",
+            "skill_search",
         }
     )
     schema = openai["edit_file"]["parameters"]
@@ -102,4 +106,6 @@ def test_groups_have_queues() -> None:
         Group.sessions,
         Group.ui,
         Group.automation,
+        Group.messaging,
+        Group.media,
     ]

@@ -124,3 +124,18 @@ def test_the_processs_own_secrets_are_known() -> None:
         openai_api_key="sk-live-1234567890", database_url="postgresql://u:dbpass123@h/d"
     )
     assert set(secrets_of(settings)) == {"sk-live-1234567890", "dbpass123"}
+
+
+def test_secrets_named_by_environment_variable_are_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_TG_TOKEN", "123456:telegram-bot-token")
+    monkeypatch.setenv("TEST_IMG_KEY", "img-endpoint-key-42")
+    settings = Settings.model_validate(
+        {
+            "message_channels": {"tg": {"kind": "telegram", "token_env": "TEST_TG_TOKEN"}},
+            "image_endpoints": {"local": {"base_url": "http://x", "api_key_env": "TEST_IMG_KEY"}},
+            "elevenlabs_api_key": "eleven-key-123",
+        }
+    )
+    assert {"123456:telegram-bot-token", "img-endpoint-key-42", "eleven-key-123"} <= set(
+        secrets_of(settings)
+    )

@@ -13,9 +13,12 @@ from workers.tool import RuleKind, Tool, ToolContext, ToolError
 MAX_EDIT_BYTES = 16 * 1024 * 1024
 
 
-def workspace(ctx: ToolContext) -> Workspace:
+def workspace(ctx: ToolContext, *, skills: bool = False) -> Workspace:
+    """The call's workspace; with `skills`, reads may also resolve inside the configured
+    skill roots (read_file and list_files, so a skill found by skill_search can be read)."""
     c = ctx.context
-    return Workspace(c.workspace, c.writable_paths, c.hidden_paths)
+    roots = ctx.settings.skill_roots if skills else None
+    return Workspace(c.workspace, c.writable_paths, c.hidden_paths, read_roots=roots)
 
 
 class _HasPath(Protocol):

@@ -72,7 +72,7 @@ class ListFiles(ReadRules, Tool[ListFilesInput]):
 
     @staticmethod
     def _disk(path: str, ctx: ToolContext) -> set[str]:
-        real = workspace(ctx).resolve(path)
+        real = workspace(ctx, skills=True).resolve(path)
         if not os.path.isdir(real):
             raise ToolError(f"'{path}' is not a directory")
         entries = set()

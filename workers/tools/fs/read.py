@@ -17,7 +17,9 @@ MAX_LINE_CHARS = 2000
 
 
 class ReadFileInput(ToolInput):
-    path: str = Field(description="File path, relative to the workspace")
+    path: str = Field(
+        description="File path, relative to the workspace (or a SKILL.md path from skill_search)"
+    )
     offset: int = Field(1, ge=1, description="First line to read (1-based)")
     limit: int | None = Field(None, ge=1, description="Number of lines to read")
 
@@ -46,7 +48,7 @@ class ReadFile(ReadRules, Tool[ReadFileInput]):
             result = page(iter(found.content.splitlines()), args, ctx)
             result.metadata["version"] = found.target_version
             return result
-        fd = workspace(ctx).open(args.path, os.O_RDONLY)
+        fd = workspace(ctx, skills=True).open(args.path, os.O_RDONLY)
         with os.fdopen(fd, "rb") as fh:
             if b"\x00" in fh.read(8192):
                 return ToolResult.error(f"'{args.path}' is a binary file; read_file shows text")
