@@ -5,7 +5,7 @@ orchestrator reloads before its next job (one Redis read per job start, no resta
 
 Live keys: the tool policy, per-agent and per-user permission rules, hooks, the approval
 timeout, the per-session rate limit and the parallel-call cap (orchestrators), and the
-web domain lists (workers, told by a change notice). The managed permission
+web domain lists and message channels (workers, told by a change notice). The managed permission
 rules, confinement, secrets and everything else stay with the environment."""
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ LIVE_KEYS = (
     "max_parallel_calls",
     "web_allow_domains",
     "web_block_domains",
+    "message_channels",
 )
+# live keys only people change (`clawq config apply`), never an agent through the gateway
+# tool: a channel names the environment variables of its secrets and where they are sent
+PEOPLE_ONLY = ("message_channels",)
 
 
 class ConfigError(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.context_files import CONTEXT_FILES
@@ -38,6 +38,13 @@ class MessageChannel(BaseModel):
     starttls: bool = True
     ca_file: str = ""  # email: a CA bundle to trust (a private mail server); '': the system's
     default_target: str = ""  # a chat, a Slack channel, an address
+
+    @field_validator("token_env", "secret_env", "password_env")
+    @classmethod
+    def _not_ours(cls, name: str) -> str:
+        if name.upper().startswith("CLAWQ_"):
+            raise ValueError(f"{name} is one of clawq's own settings, not a channel's secret")
+        return name
 
 
 class ImageEndpoint(BaseModel):

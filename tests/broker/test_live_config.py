@@ -52,3 +52,16 @@ def test_apply_history_and_rollback(isolated: Isolated) -> None:
             live.rollback("bob", to=first + 999)
     finally:
         store.close()
+
+
+def test_a_channel_may_not_name_one_of_clawqs_own_settings_as_its_secret() -> None:
+    with pytest.raises(ConfigError) as refused:
+        validate(
+            Settings(),
+            {
+                "message_channels": {
+                    "x": {"kind": "telegram", "token_env": "CLAWQ_OPENAI_API_KEY"}
+                }
+            },
+        )
+    assert refused.value.field.startswith("message_channels")

@@ -96,6 +96,11 @@ def test_live_configuration_applies_everywhere_and_rolls_back(
         and "not live" in not_live.output
     )
 
+    people_only = gateway(
+        cluster, workspace, action="config.apply", config={"message_channels": {}}
+    )
+    assert people_only.is_error and "only people" in people_only.output, people_only.output
+
     before = exec_jobs(cluster, workspace, 4)
     assert all(not c.is_error and "hi" in c.output for c, _ in before)
 

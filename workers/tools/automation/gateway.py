@@ -13,6 +13,7 @@ from pydantic import Field
 from broker import changes
 from broker.live_config import (
     LIVE_KEYS,
+    PEOPLE_ONLY,
     TOPIC,
     ConfigError,
     LiveConfigStore,
@@ -117,6 +118,11 @@ class Gateway(Tool[GatewayInput]):
         if args.action in ("config.validate", "config.apply"):
             if args.config is None:
                 raise ToolError(f"{args.action} needs config")
+            for key in PEOPLE_ONLY:
+                if key in args.config:
+                    raise ToolError(
+                        f"refused: {key}: only people change it (clawq config apply), not agents"
+                    )
             merged = {**applied, **args.config}
             validate(ctx.settings, merged)
             changed = diff(applied, merged)
