@@ -130,3 +130,8 @@ def pin(session_id: str, tool: str) -> str:
 def canvas(session_id: str) -> str:
     """Pub/sub channel: a session's canvas has a new version (its number)."""
     return f"{PREFIX}:canvas:{session_id}"
+
+
+def budget(root_job: str) -> str:
+    """The counters of a root job's tree: turns, tokens, cost (micro-dollars)."""
+    return f"{PREFIX}:budget:{root_job}"

@@ -449,12 +449,14 @@ def demo(workers_per_group: int) -> None:
 
 def _add_subcommands() -> None:
     from orchestrator.cli_config import config
+    from orchestrator.cli_dlq import dlq
     from orchestrator.cli_keys import keys
     from orchestrator.cli_mcp import mcp
     from orchestrator.cli_memory import context, memory
     from orchestrator.cli_tools import tools
 
     main.add_command(config)
+    main.add_command(dlq)
     main.add_command(memory)
     main.add_command(context)
     main.add_command(mcp)

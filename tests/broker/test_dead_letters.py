@@ -1,0 +1,50 @@
+"""The dead-letter store on real PostgreSQL: an exhausted call lands once with its
+envelope however often it is found, undecodable bodies are kept as text, and purge works."""
+
+from __future__ import annotations
+
+import time
+
+from broker.dead_letters import DeadLetters
+from broker.messages import CallContext, CallEnvelope
+from broker.store import Store
+from tests.conftest import Isolated
+
+
+def envelope() -> CallEnvelope:
+    return CallEnvelope(
+        call_id="c1",
+        job_id="j1",
+        turn=2,
+        session_id="s1",
+        tool="exec",
+        input={"command": "poison"},
+        context=CallContext(workspace="/tmp/ws"),
+        timeout_s=60,
+        deadline=time.time() + 60,
+        reply_to="clawq:reply:o1",
+    )
+
+
+def test_an_exhausted_call_lands_once_with_its_envelope(isolated: Isolated) -> None:
+    store = Store(isolated.database_url)
+    try:
+        letters = DeadLetters(store.conn)
+        for attempts in (3, 4):  # found exhausted by two redeliveries
+            letters.exhausted(envelope(), "runtime", "clawq.tool.exec", attempts, "died 3 times")
+        letters.undecodable({"envelope": {"tool": 1}}, "fs", "clawq.tool.read_file", "bad tool")
+        letters.undecodable("not json at all", "fs", "", "not a task message")
+        listed = letters.list()
+        assert [d.kind for d in listed] == ["undecodable", "undecodable", "exhausted"]
+        dead = listed[-1]
+        assert dead.attempts == 4 and dead.tool == "exec" and dead.queue == "runtime"
+        assert dead.envelope is not None and dead.envelope["input"] == {"command": "poison"}
+        assert listed[1].raw == '{"envelope": {"tool": 1}}' and listed[0].envelope is None
+        letters.mark_retried(dead.id)
+        got = letters.get(dead.id)
+        assert got is not None and got.status == "retried" and got.retried_at is not None
+        assert [d.id for d in letters.list(status="dead")] == [listed[0].id, listed[1].id]
+        assert letters.purge(older_than_s=3600) == 0
+        assert letters.purge() == 3 and letters.list() == []
+    finally:
+        store.close()
