@@ -67,8 +67,8 @@ def validate(base: Settings, config: dict[str, Any]) -> Settings:
                 "is not live configuration (it stays with the environment); live keys: "
                 + ", ".join(LIVE_KEYS),
             )
-    try:
-        return Settings.model_validate({**base.model_dump(), **config})
+    try:  # by alias: nested models such as hooks read their aliases (PreToolUse) back
+        return Settings.model_validate({**base.model_dump(by_alias=True), **config})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "config"
@@ -151,10 +151,16 @@ class LiveConfigStore:
         assert new is not None
         return int(new["version"])
 
-    def mark_bad(self, version: int, why: str) -> None:
-        self.conn.execute(
-            "UPDATE config_versions SET status = 'bad', note = note || %s WHERE version = %s",
-            (f" [failed: {why[:300]}]", version),
+    def mark_bad(self, version: int, why: str) -> bool:
+        """True if this call marked it (it was applied): only the first process to find a
+        version bad tells the others, so rejections never echo."""
+        return (
+            self.conn.execute(
+                "UPDATE config_versions SET status = 'bad', note = note || %s"
+                " WHERE version = %s AND status = 'applied'",
+                (f" [failed: {why[:300]}]", version),
+            ).rowcount
+            == 1
         )
 
 
@@ -166,10 +172,13 @@ def reject(settings: Settings, version: int, why: str) -> None:
     from broker import changes
     from broker.store import Store
 
+    if version <= 0:  # the environment alone: nothing to roll back to
+        return
     store = Store(settings.database_url)
     try:
-        LiveConfigStore(store.conn).mark_bad(version, why)
+        marked = LiveConfigStore(store.conn).mark_bad(version, why)
     finally:
         store.close()
-    with redis.Redis.from_url(settings.redis_url) as client:
-        changes.announce(client, TOPIC)
+    if marked:
+        with redis.Redis.from_url(settings.redis_url) as client:
+            changes.announce(client, TOPIC)

@@ -453,6 +453,7 @@ def _add_subcommands() -> None:
     from orchestrator.cli_keys import keys
     from orchestrator.cli_mcp import mcp
     from orchestrator.cli_memory import context, memory
+    from orchestrator.cli_ops import health, migrate
     from orchestrator.cli_tools import tools
 
     main.add_command(config)
@@ -462,6 +463,8 @@ def _add_subcommands() -> None:
     main.add_command(mcp)
     main.add_command(tools)
     main.add_command(keys)
+    main.add_command(health)
+    main.add_command(migrate)
 
 
 _add_subcommands()

@@ -65,3 +65,31 @@ def test_a_channel_may_not_name_one_of_clawqs_own_settings_as_its_secret() -> No
             },
         )
     assert refused.value.field.startswith("message_channels")
+
+
+def test_the_environments_hooks_survive_a_live_layer() -> None:
+    hooks = {"PreToolUse": [{"matcher": "exec", "hooks": [{"command": "/bin/true"}]}]}
+    base = Settings.model_validate({"hooks": hooks})
+    assert effective(base, {}).hooks == base.hooks
+    assert effective(base, {"rate_limit_per_hour": 5}).hooks == base.hooks
+
+
+def test_a_rejection_is_told_once_and_never_for_the_environment(isolated: Isolated) -> None:
+    import redis
+
+    from broker import keys
+    from broker.live_config import TOPIC, reject
+
+    store = Store(isolated.database_url)
+    try:
+        live = LiveConfigStore(store.conn)
+        version = live.apply(Settings(), {"rate_limit_per_hour": 10}, "ann")
+        with redis.Redis.from_url(isolated.redis_url) as client:
+            before = int(client.get(keys.version(TOPIC)) or 0)
+            reject(isolated.settings, 0, "the environment")  # nothing to roll back
+            for _ in range(3):  # three processes find the same version bad
+                reject(isolated.settings, version, "hook program missing")
+            assert int(client.get(keys.version(TOPIC)) or 0) == before + 1
+        assert [v.status for v in live.history()] == ["bad"]
+    finally:
+        store.close()

@@ -59,7 +59,8 @@ def exec_job(cluster: Cluster, workspace: Path, command: str) -> Job:
 
 
 def test_killed_executor_process_is_redelivered(cluster: Cluster, workspace: Path) -> None:
-    job = exec_job(cluster, workspace, "sleep 1.5; echo finished >> runs.txt; echo finished")
+    # long enough that a starved test process still kills it before the command ends
+    job = exec_job(cluster, workspace, "sleep 4; echo finished >> runs.txt; echo finished")
     os.kill(running_pid(cluster, job), signal.SIGKILL)
     result = job.wait(timeout=60)
     assert result.status == "completed"
