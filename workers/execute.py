@@ -109,9 +109,9 @@ class WorkerRuntime:
         try:
             self.settings = effective(base, current.config if current else {})
         except ConfigError as exc:  # this process cannot run it: the last good one rules
-            assert current is not None
-            log.error("live configuration %s fails here (%s); rolling back", current.version, exc)
-            reject(base, current.version, f"{self.proc_id}: {exc}")
+            version = current.version if current else 0
+            log.error("live configuration %s fails here (%s); rolling back", version, exc)
+            reject(base, version, f"{self.proc_id}: {exc}")
 
     def end_sessions(self) -> None:
         """Kill the background processes of sessions whose job has ended."""
