@@ -68,6 +68,8 @@ class CallEnvelope(BaseModel):
     deadline: float = Field(description="epoch seconds after which the result is useless")
     reply_to: str = Field(description="Redis list the awaiting orchestrator reads")
     max_deliveries: int = 3
+    sent_at: float = Field(0.0, description="epoch seconds it was sent (queue wait metrics)")
+    trace: dict[str, str] = Field(default_factory=dict, description="W3C trace context")
 
 
 class CallOutcome(BaseModel):

@@ -345,6 +345,12 @@ class Settings(BaseSettings):
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")
     process_max_per_session: int = Field(8, ge=1)
 
+    # operations
+    metrics_port: int = Field(0, ge=0, le=65535, description="orchestrator /metrics; 0: off")
+    worker_metrics_port: int = Field(0, ge=0, le=65535, description="a host's workers; 0: off")
+    metrics_dir: str = Field("/tmp/clawq-metrics", description="prefork workers' sample files")
+    otlp_endpoint: str = Field("", description="OTLP/HTTP traces URL; '': tracing off")
+
     # the cluster
     node_name: str = Field("", description="this host's name in the cluster; '': the hostname")
 
