@@ -18,10 +18,11 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import keys
+from broker import keys, tracing
 from broker.celery_app import create_app
 from broker.ledger import Ledger
 from broker.messages import CallEnvelope, CallOutcome
+from broker.metrics import metrics
 from broker.presence import Heartbeat, process_id
 from broker.settings import Settings
 from broker.store import Store
@@ -69,6 +70,7 @@ class WorkerRuntime:
             also=(keys.consumer(f"{queue}.{settings.node()}"),),
         )
         heartbeat.start()
+        tracing.setup(settings.otlp_endpoint, f"worker-{queue}")  # per process: after the fork
         ledger = Ledger(client, settings.ledger_ttl_s)
         scrub = Scrubber(secrets_of(settings))
         runtime = cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
@@ -162,15 +164,27 @@ class WorkerRuntime:
             log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)
             return None
         started = time.time()
+        attempts = int(begun.detail)
+        m = metrics()
+        if envelope.sent_at:
+            m.queue_wait.labels(self.queue).observe(max(0.0, started - envelope.sent_at))
+        if attempts > 1:
+            m.redeliveries.labels(self.queue).inc()
         if begun.verdict == "exhausted":
             result = ToolResult.error(
                 f"{envelope.tool} was abandoned: the process running it died {begun.detail} "
                 "times. Do not retry it unchanged."
             )
-            attempts = int(begun.detail)
+            self.dead_letter(envelope, attempts)
         else:
-            attempts = int(begun.detail)
-            result = self.execute(envelope)
+            with tracing.span(
+                f"execute {envelope.tool}",
+                parent=envelope.trace,
+                **{"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
+            ):
+                result = self.execute(envelope)
+        m.calls.labels(envelope.tool, "error" if result.is_error else "ok").inc()
+        m.call_seconds.labels(envelope.tool).observe(time.time() - started)
         outcome = CallOutcome(
             call_id=envelope.call_id,
             job_id=envelope.job_id,
@@ -192,6 +206,31 @@ class WorkerRuntime:
             outcome.model_dump_json(),
         )
         return outcome
+
+    def dead_letter(self, envelope: CallEnvelope, attempts: int) -> None:
+        """The call used up its deliveries: keep it, with its envelope, for `clawq dlq`.
+        The model still gets its error result; a failure here must not lose that."""
+        from broker.dead_letters import DeadLetters
+
+        try:
+            DeadLetters(self.store().conn).exhausted(
+                envelope,
+                self.queue,
+                envelope.task or f"clawq.tool.{envelope.tool}",
+                attempts,
+                f"its process died on each of {attempts} deliveries",
+            )
+        except Exception as exc:
+            log.error("dead letter for call %s not stored: %s", envelope.call_id, exc)
+
+    def undecodable(self, body: Any, task: str, reason: str) -> None:
+        """A message that is not an envelope: kept as it came, never retried."""
+        from broker.dead_letters import DeadLetters
+
+        try:
+            DeadLetters(self.store().conn).undecodable(body, self.queue, task, reason)
+        except Exception as exc:
+            log.error("dead letter for an undecodable %s not stored: %s", task, exc)
 
     def execute(self, envelope: CallEnvelope) -> ToolResult:
         if time.time() > envelope.deadline:

@@ -23,6 +23,9 @@ def run_worker(
 ) -> None:
     """Consume `group`'s queue until stopped. No gossip or mingle: workers need not know
     each other, and both cost start-up time and broker traffic on every node."""
+    from broker import metrics
+
+    metrics.prepare_worker(settings.metrics_dir)  # before prometheus_client is imported
     app = create_app(settings)
     if group == Group.mcp.value:  # MCP tools come from the catalog, by exposed name
         from workers.tools.mcp import McpRegistry
@@ -52,6 +55,7 @@ def run_worker(
         from workers.tools.ui.browser import process_queue
 
         queues.append(process_queue())
+    metrics.serve(settings.worker_metrics_port)  # this host's worker processes, summed
     app.worker_main(
         [
             "worker",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery, signals
+from pydantic import ValidationError
 
 from broker.messages import CallEnvelope, Group
 from broker.settings import Settings
@@ -29,10 +30,20 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
     def runtime() -> WorkerRuntime:
         return runtime_for_process(settings, registry, queue, node)
 
-    def run(envelope: dict[str, Any]) -> None:
-        runtime().run_call(CallEnvelope.model_validate(envelope))
-
     def declare(name: str, group: str, timeout_s: float) -> None:
+        def run(envelope: Any = None, **unexpected: Any) -> None:
+            """One call. A message that is not an envelope goes to the dead letters
+            (acked: delivering it again cannot make it decode)."""
+            try:
+                decoded = CallEnvelope.model_validate(envelope)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "envelope"
+                body = {"envelope": envelope, **unexpected}
+                runtime().undecodable(body, name, f"not an envelope: {where}: {first['msg']}")
+                return
+            runtime().run_call(decoded)
+
         limit = timeout_s + settings.tool_grace_s
         app.conf.task_routes[name] = {"queue": group}
         app.task(

@@ -3,8 +3,11 @@ worker of its group, or, past the delivery cap, returned to the model as an erro
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,9 +79,11 @@ def runs(workspace: Path) -> int:
 
 
 def test_poison_call_stops_at_the_delivery_cap(cluster: Cluster, workspace: Path) -> None:
+    """...and lands in the dead letters with its envelope; once the poison is gone,
+    `clawq dlq retry` runs it again and its outcome reaches the ledger."""
     # the call's worker process dies every time it runs it (a command cannot kill its
     # worker from inside the confinement, so the test does it, as a crash would)
-    job = exec_job(cluster, workspace, "echo run >> runs.txt; sleep 30")
+    job = exec_job(cluster, workspace, "echo run >> runs.txt; [ -e cured ] || sleep 30")
     killed: set[int] = set()
     for _ in range(2):
         pid = running_pid(cluster, job, exclude=frozenset(killed))
@@ -90,6 +95,44 @@ def test_poison_call_stops_at_the_delivery_cap(cluster: Cluster, workspace: Path
     (only,) = result.tool_calls
     assert only.is_error and "died 2 times" in only.output
     assert (workspace / "runs.txt").read_text() == "run\nrun\n"
+
+    env = {**os.environ, **cluster.env}
+    listed = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "dlq", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (dead,) = [d for d in json.loads(listed.stdout) if d["job_id"] == job.id]
+    assert dead["kind"] == "exhausted" and dead["attempts"] == 2 and dead["queue"] == "runtime"
+    assert dead["envelope"]["input"]["command"].startswith("echo run")
+
+    (workspace / "cured").touch()  # the poison is removed
+    subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "dlq", "retry", str(dead["id"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    client = redis.Redis.from_url(cluster.iso.redis_url)
+    try:
+        key = f"clawq:call:{job.id}:{dead['turn']}:{dead['call_id']}"
+        wait_until(lambda: client.hget(key, "status") == b"done", 30, "the retried call done")
+        outcome = json.loads(client.hget(key, "outcome") or b"{}")
+        assert not outcome["is_error"] and outcome["attempts"] == 1
+    finally:
+        client.close()
+    assert (workspace / "runs.txt").read_text() == "run\nrun\nrun\n"
+    shown = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "dlq", "show", str(dead["id"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(shown.stdout)["status"] == "retried"
 
 
 def test_whole_worker_killed_call_finishes_on_another_worker(
@@ -105,3 +148,23 @@ def test_whole_worker_killed_call_finishes_on_another_worker(
     (only,) = result.tool_calls
     assert not only.is_error and only.output.startswith("finished")
     assert int(only.worker.rsplit(":", 1)[1]) != child
+
+
+def test_a_message_that_is_not_an_envelope_goes_to_the_dead_letters(cluster: Cluster) -> None:
+    from broker.celery_app import create_app
+    from broker.dead_letters import DeadLetters
+    from broker.store import Store
+
+    app = create_app(cluster.iso.settings)
+    app.send_task("clawq.tool.read_file", kwargs={"envelope": {"tool": 7}}, queue="fs")
+    store = Store(cluster.iso.database_url)
+    try:
+        letters = DeadLetters(store.conn)
+        wait_until(
+            lambda: any(d.kind == "undecodable" for d in letters.list()), 30, "a dead letter"
+        )
+        (dead,) = [d for d in letters.list() if d.kind == "undecodable"]
+        assert dead.task == "clawq.tool.read_file" and dead.queue == "fs"
+        assert "not an envelope" in dead.reason and '"tool": 7' in dead.raw
+    finally:
+        store.close()
