@@ -874,3 +874,21 @@ def test_prod_runs_more_and_keeps_some_through_disruptions(
             assert spec["maxUnavailable"] >= 1, name
     config = of_kind(objects, "ConfigMap")["clawq-config"]["data"]
     assert config["CLAWQ_EXEC_CONFINEMENT"] == "bwrap"  # confined, or refused
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_metrics_ports_are_the_ones_the_processes_serve(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objects = rendered[overlay]
+    serving = {
+        **{f"worker {g}": (o, "worker_metrics_port") for g, o in workers(objects).items()},
+        "orchestrator": (clawq_workloads(objects)["clawq-orchestrator"], "metrics_port"),
+    }
+    for what, (obj, setting) in serving.items():
+        port = getattr(settings_from(environment(objects, obj)), setting)
+        assert port > 0, f"{what}: metrics are off"
+        ports = {p["name"]: p["containerPort"] for p in container(obj).get("ports", [])}
+        hints = obj["spec"]["template"]["metadata"].get("annotations", {})
+        assert ports.get("metrics") == port, what
+        assert hints.get("prometheus.io/port") == str(port), what
