@@ -74,6 +74,26 @@ class ToolContext:
     cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
     proc_id: str = ""  # this executing process (its heartbeat key), for pinned tools
 
+    def keep_artifact(self, data: bytes, mime: str, name: str = "", **facts: Any) -> Any:
+        """Store `data` as an artifact of this call's user, session and job (`facts`:
+        width, height, duration_s); returns the `broker.artifacts.Artifact`."""
+        from broker.artifacts import ArtifactError, ArtifactStore
+
+        if self.store is None:
+            raise ToolError("no database here to keep the artifact")
+        try:
+            return ArtifactStore(self.store().conn, self.settings).put(
+                data,
+                mime,
+                user_id=self.context.user_id,
+                session_id=self.session_id,
+                job_id=self.job_id,
+                name=name,
+                **facts,
+            )
+        except ArtifactError as exc:
+            raise ToolError(str(exc)) from None
+
 
 InputT = TypeVar("InputT", bound=ToolInput)
 

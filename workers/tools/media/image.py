@@ -33,7 +33,6 @@ from workers.tools.media.providers import (
     ProviderError,
     Refused,
     check,
-    keep,
     send,
     take_quota,
     vendor_error,
@@ -215,7 +214,7 @@ def _result(
     reasons: list[str],
 ) -> ToolResult:
     stored = [
-        keep(ctx, data, mime, f"image-{n}.{mime.split('/')[1]}", width=w, height=h)
+        ctx.keep_artifact(data, mime, f"image-{n}.{mime.split('/')[1]}", width=w, height=h)
         for n, (data, (mime, w, h)) in enumerate(zip(images, shapes, strict=True), 1)
     ]
     count = len(stored)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from workers.tool import ToolContext, ToolError
+from workers.tool import ToolContext
 
 if TYPE_CHECKING:
-    from broker.artifacts import Artifact
     from workers.egress import Fetched
 
 
@@ -97,23 +96,3 @@ def check(fetched: Fetched) -> Fetched:
     if fetched.status in (401, 403):
         raise ProviderError(f"the API key was refused (HTTP {fetched.status}){said}")
     raise ProviderError(f"HTTP {fetched.status}{said}")
-
-
-def keep(ctx: ToolContext, data: bytes, mime: str, name: str, **facts: Any) -> Artifact:
-    """Store `data` as an artifact of this call's user, session and job."""
-    from broker.artifacts import ArtifactError, ArtifactStore
-
-    if ctx.store is None:
-        raise ToolError("no database here to keep the artifact")
-    try:
-        return ArtifactStore(ctx.store().conn, ctx.settings).put(
-            data,
-            mime,
-            user_id=ctx.context.user_id,
-            session_id=ctx.session_id,
-            job_id=ctx.job_id,
-            name=name,
-            **facts,
-        )
-    except ArtifactError as exc:
-        raise ToolError(str(exc)) from None

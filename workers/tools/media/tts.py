@@ -27,7 +27,7 @@ from pydantic import Field
 from broker.messages import Group
 from broker.settings import Settings
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
-from workers.tools.media.providers import ProviderError, check, keep, send, take_quota
+from workers.tools.media.providers import ProviderError, check, send, take_quota
 
 if TYPE_CHECKING:
     from workers.egress import Fetched, Resolver
@@ -407,8 +407,8 @@ class Tts(Tool[TtsInput]):
             except ProviderError as exc:
                 reasons.append(f"{name}: {exc}")
                 continue
-            stored = keep(
-                ctx, data, MIMES[fmt], f"speech.{SUFFIXES[fmt]}", duration_s=round(duration, 3)
+            stored = ctx.keep_artifact(
+                data, MIMES[fmt], f"speech.{SUFFIXES[fmt]}", duration_s=round(duration, 3)
             )
             count = len(pieces)
             body = f"{stored.describe()}\nspoken by {name} in {count} request"

@@ -167,7 +167,7 @@ class Browser(Tool[BrowserInput]):
         if lost and args.action not in STARTS:
             raise ToolError(lost)
         engine = engine_for_process(ctx.settings)
-        engine.on_download = lambda name, data, mime: _artifact(ctx, data, mime, name).describe()
+        engine.on_download = lambda name, data, mime: ctx.keep_artifact(data, mime, name).describe()
         outcome = engine.call(actions.run(engine, ctx.session_id, args, ctx, lost))
         if ctx.redis is not None:
             if args.action == "close":
@@ -183,7 +183,7 @@ class Browser(Tool[BrowserInput]):
             if mime == "image/png":
                 data, width, height = jpeg(data)
                 mime = "image/jpeg"
-            stored = _artifact(ctx, data, mime, width=width, height=height)
+            stored = ctx.keep_artifact(data, mime, width=width, height=height)
             metadata["artifact_id"] = stored.id
             text = f"{text}\n{stored.describe()}"
         if outcome.untrusted:
@@ -215,22 +215,6 @@ class Browser(Tool[BrowserInput]):
             ctx.redis.delete(pin_key)
             return "the browser session was closed (idle or too old); navigate to start again"
         return ""
-
-
-def _artifact(ctx: ToolContext, data: bytes, mime: str, name: str = "", **size: Any) -> Any:
-    from broker.artifacts import ArtifactStore
-
-    if ctx.store is None:
-        raise ToolError("no database here to keep the artifact")
-    return ArtifactStore(ctx.store().conn, ctx.settings).put(
-        data,
-        mime,
-        user_id=ctx.context.user_id,
-        session_id=ctx.session_id,
-        job_id=ctx.job_id,
-        name=name,
-        **size,
-    )
 
 
 def jpeg(raw: bytes) -> tuple[bytes, int, int]:

@@ -67,13 +67,13 @@ class Canvas(Tool[CanvasInput]):
         return ToolResult(for_llm=said, for_user=said, metadata={"version": version.version})
 
     def _snapshot(self, ctx: ToolContext, html: str) -> ToolResult:
-        from workers.tools.ui.browser import _artifact, jpeg
+        from workers.tools.ui.browser import jpeg
         from workers.tools.ui.engine import engine_for_process
 
         engine = engine_for_process(ctx.settings)
         raw = engine.call(engine.render(html))
         data, width, height = jpeg(raw)
-        stored = _artifact(ctx, data, "image/jpeg", "canvas.jpg", width=width, height=height)
+        stored = ctx.keep_artifact(data, "image/jpeg", "canvas.jpg", width=width, height=height)
         return ToolResult(
             for_llm=f"snapshot of the canvas: {stored.describe()}",
             metadata={"artifact_id": stored.id},
