@@ -21,15 +21,27 @@ class ToolResultBlock(BaseModel):
     is_error: bool = False
 
 
+class TokenUsage(BaseModel):
+    """What a provider said one reply cost (budgets, metrics); not kept in the transcript."""
+
+    input: int = 0
+    output: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output
+
+
 class Message(BaseModel):
     role: Literal["user", "assistant", "tool"]
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     results: list[ToolResultBlock] = Field(default_factory=list)
     job_id: str = ""
+    usage: TokenUsage | None = None
 
     def content(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"role", "job_id"}, exclude_defaults=True)
+        return self.model_dump(exclude={"role", "job_id", "usage"}, exclude_defaults=True)
 
     @classmethod
     def from_row(cls, role: str, content: dict[str, Any], job_id: str = "") -> Message:

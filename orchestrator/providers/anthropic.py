@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from broker.settings import Settings
-from orchestrator.conversation import Message, ToolCall
+from orchestrator.conversation import Message, TokenUsage, ToolCall
 from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
 from orchestrator.providers.http import parse_arguments, stream_events
 
@@ -73,6 +73,7 @@ class AnthropicProvider:
         text: list[str] = []
         blocks: dict[int, dict[str, Any]] = {}
         calls: list[ToolCall] = []
+        usage = TokenUsage()
         async with stream_events(
             self.http, "anthropic", url, headers, body, self.settings.model_timeout_s
         ) as source:
@@ -83,7 +84,13 @@ class AnthropicProvider:
                 kind = event.get("type")
                 if kind == "error":
                     raise ModelError(f"anthropic stream error: {event.get('error')}")
-                if kind == "content_block_start":
+                if kind == "message_start":  # the input's tokens (and the first output's)
+                    got = (event.get("message") or {}).get("usage") or {}
+                    usage.input = got.get("input_tokens") or 0
+                    usage.output = got.get("output_tokens") or 0
+                elif kind == "message_delta":  # the output's tokens so far
+                    usage.output = (event.get("usage") or {}).get("output_tokens") or usage.output
+                elif kind == "content_block_start":
                     blocks[event["index"]] = {**event["content_block"], "json": ""}
                 elif kind == "content_block_delta":
                     delta = event["delta"]
@@ -103,4 +110,4 @@ class AnthropicProvider:
                             await on_tool_call(call)
                 elif kind == "message_stop":
                     break
-        return Message(role="assistant", text="".join(text), tool_calls=calls)
+        return Message(role="assistant", text="".join(text), tool_calls=calls, usage=usage)

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from broker.settings import Settings
-from orchestrator.conversation import Message, ToolCall
+from orchestrator.conversation import Message, TokenUsage, ToolCall
 from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
 from orchestrator.providers.http import parse_arguments, stream_events
 
@@ -58,6 +58,7 @@ class OpenAIProvider:
             "model": self.model,
             "messages": to_openai(request.system, request.messages),
             "stream": True,
+            "stream_options": {"include_usage": True},  # a last chunk with the usage
         }
         if request.openai_tools:
             body["tools"] = request.openai_tools
@@ -66,6 +67,7 @@ class OpenAIProvider:
         text: list[str] = []
         partial: dict[int, dict[str, str]] = {}
         calls: list[ToolCall] = []
+        usage: TokenUsage | None = None
 
         async def close_call(index: int) -> None:
             raw = partial.pop(index)
@@ -84,6 +86,12 @@ class OpenAIProvider:
                 chunk = json.loads(sse.data)
                 if "error" in chunk:
                     raise ModelError(f"openai stream error: {chunk['error']}")
+                if chunk.get("usage"):
+                    got = chunk["usage"]
+                    usage = TokenUsage(
+                        input=got.get("prompt_tokens") or 0,
+                        output=got.get("completion_tokens") or 0,
+                    )
                 for choice in chunk.get("choices", []):
                     delta = choice.get("delta") or {}
                     if delta.get("content"):
@@ -102,4 +110,4 @@ class OpenAIProvider:
                             await close_call(index)
         for index in sorted(partial):
             await close_call(index)
-        return Message(role="assistant", text="".join(text), tool_calls=calls)
+        return Message(role="assistant", text="".join(text), tool_calls=calls, usage=usage)

@@ -720,3 +720,28 @@ def test_empty_assistant_turn_is_not_sent_to_anthropic() -> None:
             "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "again"}],
         }
     ]
+
+
+def test_anthropic_usage_comes_from_message_start_and_delta(
+    model_server: ModelServer, provider_settings: Settings
+):
+    model_server.reply_fixture("anthropic_text.sse")  # input 2107; output 1, then 15
+    reply = complete("anthropic", provider_settings, request())
+    assert reply.usage is not None and (reply.usage.input, reply.usage.output) == (2107, 15)
+    assert "usage" not in reply.content()  # not kept in the transcript
+
+
+def test_openai_usage_comes_from_the_last_chunk(
+    model_server: ModelServer, provider_settings: Settings
+):
+    model_server.reply_sse(
+        sse(
+            (None, openai_chunk({"content": "hi"}, "stop")),
+            (None, {"choices": [], "usage": {"prompt_tokens": 42, "completion_tokens": 7}}),
+            done=True,
+        )
+    )
+    reply = complete("openai", provider_settings, request())
+    assert reply.text == "hi" and reply.usage is not None
+    assert (reply.usage.input, reply.usage.output, reply.usage.total) == (42, 7, 49)
+    assert model_server.requests[0].body["stream_options"] == {"include_usage": True}
