@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from orchestrator.conversation import Message, ToolCall
+from orchestrator.conversation import Message, TokenUsage, ToolCall
 from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
 
 
@@ -19,6 +19,7 @@ class ScriptedCall(BaseModel):
 class ScriptedTurn(BaseModel):
     text: str = ""
     tool_calls: list[ScriptedCall] = Field(default_factory=list)
+    usage: TokenUsage | None = None  # what a real provider would report (budget tests)
 
 
 class Script(BaseModel):
@@ -64,4 +65,4 @@ class ScriptedProvider:
         if on_tool_call:
             for call in calls:
                 await on_tool_call(call)
-        return Message(role="assistant", text=turn.text, tool_calls=calls)
+        return Message(role="assistant", text=turn.text, tool_calls=calls, usage=turn.usage)
