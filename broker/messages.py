@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from broker.budget import Limits, Usage
 from broker.policy_config import PermissionMode
 
 
@@ -39,6 +40,8 @@ class CallContext(BaseModel):
     agent_id: str = "main"
     channel: str = ""
     chat_id: str = ""
+    # the tree's budget (this job and every subagent below it); None: the settings'
+    budget: Limits | None = None
     peer_kind: str = ""
     sandbox_key: str = ""
     writable_paths: list[str] = Field(
@@ -92,8 +95,12 @@ class CallOutcome(BaseModel):
     finished_at: float = Field(default_factory=time.time)
 
 
-JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "max_iterations"]
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "max_iterations"})
+JobStatus = Literal[
+    "queued", "running", "completed", "failed", "cancelled", "max_iterations", "budget_exceeded"
+]
+FINAL_STATUSES: frozenset[str] = frozenset(
+    {"completed", "failed", "cancelled", "max_iterations", "budget_exceeded"}
+)
 
 
 class JobSpec(BaseModel):
@@ -160,6 +167,7 @@ class JobResult(BaseModel):
     error: str = ""
     iterations: int = 0
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    usage: Usage | None = None  # the whole tree's, from its budget counters
 
 
 EventType = Literal[
@@ -177,6 +185,8 @@ EventType = Literal[
     "subagent_finished",
     "announce_delivered",
     "memory_index_failed",
+    "tool_call_waiting",
+    "budget_exceeded",
     "job_finished",
 ]
 

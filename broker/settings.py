@@ -345,6 +345,14 @@ class Settings(BaseSettings):
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")
     process_max_per_session: int = Field(8, ge=1)
 
+    # budgets: per root job, for it and all its subagents (0: no limit)
+    budget_turns: int = Field(0, ge=0, description="model turns of a whole tree")
+    budget_tokens: int = Field(0, ge=0, description="tokens the providers reported")
+    budget_cost_usd: float = Field(0.0, ge=0, description="dollars, by model_prices")
+    model_prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="model → (input, output) dollars per 1M tokens"
+    )
+
     # operations
     metrics_port: int = Field(0, ge=0, le=65535, description="orchestrator /metrics; 0: off")
     worker_metrics_port: int = Field(0, ge=0, le=65535, description="a host's workers; 0: off")
