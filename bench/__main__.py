@@ -5,8 +5,11 @@
 (b) calls per second through one worker process, clawq vs bare Celery;
 (c) 1,000 concurrent scripted jobs (3 turns with one call each, then a final answer) on
     one orchestrator process: wall time, p99 call latency, orchestrator peak RSS.
-... and (d) to (h) below; (l), the cost of confinement, is `bench/confinement.py`; (m) to
-(q) are bench/web.py, api.py, memory.py, ui.py and messaging.py.
+... and (d) to (h) below; (i) to (k), a turn through the whole system and many jobs on one
+and two orchestrators, are `bench/hotpath.py`; (l), the cost of confinement, is
+`bench/confinement.py`; (m) to (q) are bench/web.py, api.py, memory.py, ui.py and
+messaging.py. `python -m bench NAME …` runs sections alone: calls ((a), (b)), hotpath ((i)
+to (k)), turn ((i)), jobs ((j), (k)), confinement, web, api, memory, ui, messaging.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -33,7 +36,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import api, confinement, memory, messaging, ui, web
+from bench import api, confinement, hotpath, memory, messaging, ui, web
 from broker import keys
 from broker.messages import CallContext, CallEnvelope
 from broker.presence import live_processes
@@ -604,6 +607,43 @@ def ms(values: list[float], q: float) -> float:
     return pct(values, q) * 1e3
 
 
+def calls(bench: Bench) -> None:
+    """(a) and (b): a no-op call's round trip and calls per second, against bare Celery."""
+    console.print(
+        f"(a)/(b): {ROUND_TRIPS} sequential no-op calls, then {THROUGHPUT_CALLS} "
+        "concurrent; one prefork worker process (-c 1) each"
+    )
+    ours, our_rate = bench.clawq_path()
+    bare, bare_rate = bench.bare_celery()
+    echo = bench.raw_echo()
+    table = Table(title="(a) round trip of a no-op tool call")
+    for col in ("path", "p50 ms", "p99 ms", "mean ms", "p50 vs bare Celery"):
+        table.add_column(col, justify="right")
+    for name, times in (
+        ("clawq call path", ours),
+        ("bare Celery apply_async().get()", bare),
+        ("raw Redis LPUSH/BRPOP echo", echo),
+    ):
+        table.add_row(
+            name,
+            f"{ms(times, 0.5):.3f}",
+            f"{ms(times, 0.99):.3f}",
+            f"{statistics.mean(times) * 1e3:.3f}",
+            f"{ms(times, 0.5) / ms(bare, 0.5):.2f}x",
+        )
+    console.print(table)
+    table = Table(title="(b) calls per second, one worker process")
+    for col in ("path", "calls/s", "vs bare Celery"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        "clawq (acks late, prefetch 1, ledger)",
+        f"{our_rate:.0f}",
+        f"{our_rate / bare_rate:.2f}x",
+    )
+    table.add_row("bare Celery (defaults)", f"{bare_rate:.0f}", "1.00x")
+    console.print(table)
+
+
 def main() -> None:
     bench = Bench()
     only = sys.argv[1:]  # `python -m bench web`: one section
@@ -616,6 +656,10 @@ def main() -> None:
                 "memory": lambda: memory.run(console),
                 "ui": lambda: ui.run(console, bench, process, wait_for),
                 "messaging": lambda: messaging.run(console, bench, process, wait_for),
+                "calls": lambda: calls(bench),
+                "hotpath": lambda: hotpath.run(console, bench, process, wait_for),
+                "turn": lambda: hotpath.run(console, bench, process, wait_for, "i"),
+                "jobs": lambda: hotpath.run(console, bench, process, wait_for, "jk"),
             }
             for name in only:
                 sections[name]()
@@ -623,39 +667,7 @@ def main() -> None:
             bench.close()
         return
     try:
-        console.print(
-            f"(a)/(b): {ROUND_TRIPS} sequential no-op calls, then {THROUGHPUT_CALLS} "
-            "concurrent; one prefork worker process (-c 1) each"
-        )
-        ours, our_rate = bench.clawq_path()
-        bare, bare_rate = bench.bare_celery()
-        echo = bench.raw_echo()
-        table = Table(title="(a) round trip of a no-op tool call")
-        for col in ("path", "p50 ms", "p99 ms", "mean ms", "p50 vs bare Celery"):
-            table.add_column(col, justify="right")
-        for name, times in (
-            ("clawq call path", ours),
-            ("bare Celery apply_async().get()", bare),
-            ("raw Redis LPUSH/BRPOP echo", echo),
-        ):
-            table.add_row(
-                name,
-                f"{ms(times, 0.5):.3f}",
-                f"{ms(times, 0.99):.3f}",
-                f"{statistics.mean(times) * 1e3:.3f}",
-                f"{ms(times, 0.5) / ms(bare, 0.5):.2f}x",
-            )
-        console.print(table)
-        table = Table(title="(b) calls per second, one worker process")
-        for col in ("path", "calls/s", "vs bare Celery"):
-            table.add_column(col, justify="right")
-        table.add_row(
-            "clawq (acks late, prefetch 1, ledger)",
-            f"{our_rate:.0f}",
-            f"{our_rate / bare_rate:.2f}x",
-        )
-        table.add_row("bare Celery (defaults)", f"{bare_rate:.0f}", "1.00x")
-        console.print(table)
+        calls(bench)
         c = bench.many_jobs()
         table = Table(title=f"(c) {JOBS} concurrent scripted jobs on one orchestrator process")
         for col in (
@@ -751,6 +763,7 @@ def main() -> None:
         for n, rate in rows:
             table.add_row(str(n), f"{rate:.1f}", f"{rate / base:.2f}x", f"{rate / (base * n):.2f}")
         console.print(table)
+        hotpath.run(console, bench, process, wait_for)
         confinement.run(console)
         web.run(console, bench, process, wait_for)
         api.run(console, bench, process, wait_for)

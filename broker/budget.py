@@ -81,3 +81,16 @@ class Budget:
             cost_usd=int(c) / 1_000_000,
             over=over.decode() if isinstance(over, bytes) else str(over or ""),
         )
+
+
+def usage_of(client: object, root_job: str) -> Usage | None:
+    """A tree's counters as they stand (a synchronous client), or None if nothing was
+    charged to it (no budget set and no provider reported usage)."""
+    raw: dict[bytes, bytes] = client.hgetall(keys.budget(root_job))  # type: ignore[attr-defined]
+    if not raw:
+        return None
+    return Usage(
+        turns=int(raw.get(b"turns", 0)),
+        tokens=int(raw.get(b"tokens", 0)),
+        cost_usd=int(raw.get(b"cost", 0)) / 1_000_000,
+    )

@@ -135,3 +135,14 @@ def canvas(session_id: str) -> str:
 def budget(root_job: str) -> str:
     """The counters of a root job's tree: turns, tokens, cost (micro-dollars)."""
     return f"{PREFIX}:budget:{root_job}"
+
+
+def agents_taken(orchestrator_id: str) -> str:
+    """Agent runs an orchestrator took off the `agents` queue and has not yet settled."""
+    return f"{PREFIX}:agents:taken:{orchestrator_id}"
+
+
+AGENTS_TAKERS = f"{PREFIX}:agents:takers"  # orchestrators that may hold taken runs
+
+
+CALLS_WAITING = f"{PREFIX}:calls:waiting"  # job:turn:call → {queue, tool, job, since}

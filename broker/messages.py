@@ -40,8 +40,6 @@ class CallContext(BaseModel):
     agent_id: str = "main"
     channel: str = ""
     chat_id: str = ""
-    # the tree's budget (this job and every subagent below it); None: the settings'
-    budget: Limits | None = None
     peer_kind: str = ""
     sandbox_key: str = ""
     writable_paths: list[str] = Field(
@@ -122,6 +120,8 @@ class JobSpec(BaseModel):
     # send text to it (that is the job's answer)
     channel: str = ""
     chat_id: str = ""
+    # the tree's budget (this job and every subagent below it); None: the settings'
+    budget: Limits | None = None
     # a subagent: the job that spawned it, the root of its tree, the parent's session
     parent_id: str = ""
     root_id: str = ""

@@ -10,12 +10,16 @@ real Celery workers consume it unchanged (every integration test proves that).
 from __future__ import annotations
 
 import base64
-import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
+from kombu.connection import Connection
+from kombu.utils import json as kombu_json
+
+from broker import fastjson, transport
 
 
 def task_message(
@@ -44,7 +48,7 @@ def task_message(
         parent_id=parent_id,
         kwargsrepr=kwargsrepr,
     )
-    body = json.dumps(msg.body, separators=(",", ":")).encode()
+    body = fastjson.dumps_bytes(msg.body)
     properties = dict(msg.properties)
     properties.update(
         priority=0,
@@ -59,7 +63,7 @@ def task_message(
         "headers": msg.headers,
         "properties": properties,
     }
-    return json.dumps(envelope, separators=(",", ":"))
+    return fastjson.dumps(envelope)
 
 
 class AsyncPublisher:
@@ -69,10 +73,78 @@ class AsyncPublisher:
         self.app = app
         self.redis = redis
 
-    async def send(self, *, name: str, queue: str, kwargs: dict[str, Any], **options: Any) -> str:
+    async def send(
+        self,
+        *,
+        name: str,
+        queue: str,
+        kwargs: dict[str, Any],
+        prelude: Callable[[Any], None] | None = None,
+        **options: Any,
+    ) -> str:
+        """Publish one task; `prelude` adds commands (events) that go first in the same
+        round trip."""
         task_id = options.pop("task_id", None) or str(uuid.uuid4())
         raw = task_message(
             self.app, name=name, queue=queue, kwargs=kwargs, task_id=task_id, **options
         )
-        await self.redis.lpush(queue, raw)
+        if prelude is None:
+            await self.redis.lpush(queue, raw)
+            return task_id
+        async with self.redis.pipeline(transaction=False) as pipe:
+            prelude(pipe)
+            pipe.lpush(queue, raw)
+            await pipe.execute()
         return task_id
+
+
+class _Capturing(transport.Channel):
+    """kombu's Redis channel, except that a fanout publish (how Celery events travel) is
+    kept as (topic, payload) instead of sent."""
+
+    captured: list[tuple[str, str]]
+
+    def _put_fanout(self, exchange: Any, message: Any, routing_key: Any, **kwargs: Any) -> None:
+        payload = kombu_json.dumps(message)  # type: ignore[no-untyped-call]
+        topics = self._get_publish_topics(exchange, routing_key)  # type: ignore[no-untyped-call]
+        self.captured.extend((topic, payload) for topic in topics)
+
+
+class _CapturingTransport(transport.Transport):
+    Channel = _Capturing
+
+
+class EventMessages:
+    """Celery events (for Flower) as Celery and kombu make them, to be sent by asyncio.
+
+    Celery's own dispatcher builds each event (clock, hostname, pid) and kombu its
+    message and topic, over a channel that keeps what it would publish: the caller sends
+    the PUBLISHes in a pipeline it makes anyway, so an event costs no round trip, no
+    thread and no synchronous socket of its own."""
+
+    def __init__(self, app: Celery, hostname: str) -> None:
+        self.app = app
+        self.hostname = hostname
+        self._dispatcher: Any = None
+
+    def build(self, events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+        """(topic, payload) for each event (type, fields), in order."""
+        if self._dispatcher is None:  # the channel pings Redis once, as it is made
+            connection = Connection(  # type: ignore[no-untyped-call]
+                self.app.conf.broker_url,
+                transport=_CapturingTransport,
+                transport_options=self.app.conf.broker_transport_options,
+            )
+            self._dispatcher = self.app.events.Dispatcher(
+                connection, hostname=self.hostname, enabled=True
+            )
+        channel = self._dispatcher.producer.channel
+        channel.captured = []
+        for type_, fields in events:
+            self._dispatcher.send(type_, **fields)
+        return list(channel.captured)
+
+    def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher.connection.close()

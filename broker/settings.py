@@ -345,6 +345,12 @@ class Settings(BaseSettings):
     process_output_cap_bytes: int = Field(1024 * 1024, ge=1024, description="kept per process")
     process_max_per_session: int = Field(8, ge=1)
 
+    # calls no worker takes
+    call_waiting_after_s: float = Field(5.0, gt=0, description="then tool_call_waiting")
+    schedule_to_start_timeout_s: float = Field(
+        300.0, gt=0, description="a call no worker started by then is answered with an error"
+    )
+
     # budgets: per root job, for it and all its subagents (0: no limit)
     budget_turns: int = Field(0, ge=0, description="model turns of a whole tree")
     budget_tokens: int = Field(0, ge=0, description="tokens the providers reported")

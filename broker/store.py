@@ -12,10 +12,10 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg_pool import AsyncConnectionPool
 
-from broker import pg_features
+from broker import fastjson, pg_features
 from broker.messages import CallOutcome, JobResult, JobSpec, ToolCallRecord
 
 MIGRATION_LOCK = 7_415_922_001
@@ -58,24 +58,55 @@ FINISH_JOB = (
     "UPDATE jobs SET status = %s, final_text = %s, error = %s, iterations = %s, finished_at = now()"
     " WHERE id = %s"
 )
-SET_ITERATIONS = "UPDATE jobs SET iterations = %s WHERE id = %s"
 SELECT_MESSAGES = (
     "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s ORDER BY seq"
 )
-INSERT_MESSAGE = (
-    "INSERT INTO messages (session_id, seq, job_id, role, content) VALUES (%s, %s, %s, %s, %s)"
-    " ON CONFLICT (session_id, seq) DO NOTHING"
+# A turn's writes are one statement each (one round trip, atomic without BEGIN/COMMIT):
+# the assistant message with the calls it queues and the turn count; then the tool-result
+# message with its calls' outcomes.
+MESSAGE_CTE = (
+    "WITH m AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
+    " VALUES (%(session)s, %(seq)s, %(job)s, %(role)s, %(content)s)"
+    " ON CONFLICT (session_id, seq) DO NOTHING)"
 )
-INSERT_CALL = (
-    "INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status, queue)"
-    " VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s) ON CONFLICT DO NOTHING"
+CALLS_CTE = (
+    ", c AS (INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status, queue)"
+    " SELECT %(job)s, %(turn)s, c.id, c.seq, c.name, c.input, 'queued', c.queue"
+    " FROM jsonb_to_recordset(%(calls)s) AS c(id text, seq int, name text, input jsonb,"
+    " queue text) ON CONFLICT DO NOTHING)"
 )
-FINISH_CALL = (
-    "UPDATE tool_calls SET status = 'done', is_error = %s, for_llm = %s, for_user = %s,"
-    " metadata = %s, queue = coalesce(nullif(%s, ''), queue), worker = %s, attempts = %s,"
-    " decision = %s, decided_by = %s, decision_reason = %s,"
-    " started_at = to_timestamp(nullif(%s, 0)), finished_at = to_timestamp(%s)"
-    " WHERE job_id = %s AND turn = %s AND call_id = %s"
+SET_ITERATIONS_TAIL = " UPDATE jobs SET iterations = %(iterations)s WHERE id = %(job)s"
+FINISH_CALLS_TAIL = (
+    " UPDATE tool_calls t SET status = 'done', is_error = o.is_error, for_llm = o.for_llm,"
+    " for_user = o.for_user, metadata = o.metadata, queue = coalesce(nullif(o.queue, ''),"
+    " t.queue), worker = o.worker, attempts = o.attempts, decision = o.decision,"
+    " decided_by = o.decided_by, decision_reason = o.decision_reason,"
+    " started_at = to_timestamp(nullif(o.started_at, 0)), finished_at = to_timestamp(o.finished_at)"
+    " FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(job_id text, turn int, call_id text,"
+    " is_error bool, for_llm text, for_user text, metadata jsonb, queue text, worker text,"
+    " attempts int, decision text, decided_by text, decision_reason text, started_at float8,"
+    " finished_at float8)"
+    # the turn's key as parameters: the plan is an index scan of the turn's calls, never a
+    # scan of the table joined with the (unknown-sized) recordset
+    " WHERE t.job_id = %(job)s AND t.turn = %(turn)s AND t.call_id = o.call_id"
+    " AND o.job_id = t.job_id AND o.turn = t.turn"
+)
+# Accepting a job is one statement too: keep the rest of its task graph (from its first
+# delivery), start it unless it is final or a subagent (which needs its slot first), and
+# return it with its session's transcript.
+ACCEPT_JOB = (
+    "UPDATE jobs SET chain = coalesce(chain, %(chain)s),"
+    " status = CASE WHEN %(start)s AND status IN ('queued', 'running')"
+    "   AND coalesce((spec->>'depth')::int, 0) = 0 THEN 'running' ELSE status END,"
+    " orchestrator = CASE WHEN %(start)s AND status IN ('queued', 'running')"
+    "   AND coalesce((spec->>'depth')::int, 0) = 0 THEN %(orchestrator)s ELSE orchestrator END,"
+    " started_at = CASE WHEN %(start)s AND status IN ('queued', 'running')"
+    "   AND coalesce((spec->>'depth')::int, 0) = 0 THEN coalesce(started_at, now())"
+    "   ELSE started_at END"
+    " WHERE id = %(id)s RETURNING id, session_id, status, spec, chain,"
+    " (SELECT coalesce(json_agg(json_build_object('seq', m.seq, 'role', m.role,"
+    "   'content', m.content, 'job_id', m.job_id) ORDER BY m.seq), '[]')"
+    "   FROM messages m WHERE m.session_id = jobs.session_id) AS transcript"
 )
 SELECT_APPROVAL = "SELECT * FROM approvals WHERE id = %s"
 INSERT_APPROVAL = (
@@ -133,26 +164,6 @@ def _job_params(job_id: str, session_id: str, spec: JobSpec) -> tuple[Any, ...]:
         spec.parent_id,
         spec.root_id,
         spec.parent_session,
-    )
-
-
-def _outcome_params(outcome: CallOutcome) -> tuple[Any, ...]:
-    return (
-        outcome.is_error,
-        outcome.for_llm,
-        outcome.for_user,
-        Jsonb(outcome.metadata),
-        outcome.queue,
-        outcome.worker,
-        outcome.attempts,
-        outcome.decision,
-        outcome.decided_by,
-        outcome.decision_reason,
-        outcome.started_at,
-        outcome.finished_at,
-        outcome.job_id,
-        outcome.turn,
-        outcome.call_id,
     )
 
 
@@ -265,12 +276,22 @@ class Store:
         )
 
 
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """JSON parameters (messages, inputs, outcomes) encoded by orjson."""
+    set_json_dumps(fastjson.dumps_bytes, conn)
+
+
 class AsyncStore:
     """The orchestrator's pooled, non-blocking access."""
 
     def __init__(self, url: str, max_size: int = 10) -> None:
         self.pool = AsyncConnectionPool(
-            url, min_size=1, max_size=max_size, open=False, kwargs={"autocommit": True}
+            url,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=_configure,
         )
 
     async def open(self) -> None:
@@ -327,6 +348,25 @@ class AsyncStore:
             )
             return [(row[0], row[1]) for row in await cur.fetchall()]
 
+    async def accept_job(
+        self, job_id: str, orchestrator_id: str, chain: list[Any] | None, start: bool = True
+    ) -> dict[str, Any] | None:
+        """The job with its session's transcript, its chain kept (a given one if it has
+        none yet) and, when `start`, started unless it is final or a subagent: one
+        round trip. None for an unknown job."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                ACCEPT_JOB,
+                {
+                    "id": job_id,
+                    "chain": None if chain is None else Jsonb(chain),
+                    "start": start,
+                    "orchestrator": orchestrator_id,
+                },
+            )
+            return await cur.fetchone()
+
     async def start_job(self, job_id: str, orchestrator_id: str) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(START_JOB, (orchestrator_id, job_id))
@@ -361,15 +401,28 @@ class AsyncStore:
         calls: list[tuple[str, str, dict[str, Any], str]] | None = None,
         iterations: int | None = None,
     ) -> None:
-        """One transcript message, the calls it queues, and the turn count, atomically."""
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(INSERT_MESSAGE, (session_id, seq, job_id, role, Jsonb(content)))
-            for index, (call_id, name, call_input, queue) in enumerate(calls or []):
-                await conn.execute(
-                    INSERT_CALL, (job_id, turn, call_id, index, name, Jsonb(call_input), queue)
-                )
-            if iterations is not None:
-                await conn.execute(SET_ITERATIONS, (iterations, job_id))
+        """One transcript message, the calls it queues, and the turn count: one statement."""
+        params: dict[str, Any] = {
+            "session": session_id,
+            "seq": seq,
+            "job": job_id,
+            "role": role,
+            "content": Jsonb(content),
+            "turn": turn,
+            "iterations": iterations,
+        }
+        sql = MESSAGE_CTE
+        if calls:
+            sql += CALLS_CTE
+            params["calls"] = Jsonb(
+                [
+                    {"id": c[0], "seq": n, "name": c[1], "input": c[2], "queue": c[3]}
+                    for n, c in enumerate(calls)
+                ]
+            )
+        sql += SET_ITERATIONS_TAIL if iterations is not None else " SELECT 1"
+        async with self.pool.connection() as conn:
+            await conn.execute(sql, params)
 
     async def record_outcomes(
         self,
@@ -379,11 +432,20 @@ class AsyncStore:
         content: dict[str, Any],
         outcomes: list[CallOutcome],
     ) -> None:
-        """The tool-result message and the ledger rows of its calls, atomically."""
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(INSERT_MESSAGE, (session_id, seq, job_id, "tool", Jsonb(content)))
-            async with conn.cursor() as cur:
-                await cur.executemany(FINISH_CALL, [_outcome_params(o) for o in outcomes])
+        """The tool-result message and the ledger rows of its calls (of one turn): one
+        statement."""
+        params: dict[str, Any] = {
+            "session": session_id,
+            "seq": seq,
+            "job": job_id,
+            "turn": outcomes[0].turn if outcomes else 0,
+            "role": "tool",
+            "content": Jsonb(content),
+            # the outcomes as pydantic writes them (a text parameter cast to jsonb)
+            "outcomes": "[" + ",".join(o.model_dump_json() for o in outcomes) + "]",
+        }
+        async with self.pool.connection() as conn:
+            await conn.execute(MESSAGE_CTE + FINISH_CALLS_TAIL, params)
 
     async def create_approval(
         self,

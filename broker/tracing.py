@@ -38,7 +38,9 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def span(name: str, parent: dict[str, str] | None = None, **attributes: Any) -> Iterator[Any]:
+def span(
+    name: str, attributes: dict[str, Any] | None = None, parent: dict[str, str] | None = None
+) -> Iterator[Any]:
     """A span under the current one, or under the context carried in `parent`."""
     if _provider is None:
         yield None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -91,10 +90,10 @@ def worker(group: str, concurrency: int | None, pool: str | None, log_level: str
 @log_option
 def orchestrator(log_level: str) -> None:
     """Run an orchestrator: consumes the `agents` queue and drives agent loops."""
-    from orchestrator.engine import Orchestrator
+    from orchestrator.engine import serve
 
     setup_logging(log_level)
-    asyncio.run(Orchestrator(settings_from_env()).run())
+    serve(settings_from_env())
 
 
 @main.command()
@@ -199,13 +198,24 @@ def status(as_json: bool) -> None:
     }
     for proc in sorted((p for p in live if p.get("kind") == "worker"), key=lambda p: p["id"]):
         report["queues"].setdefault(proc["queue"], []).append(proc)
+    from broker import keys
+
+    found: dict[bytes, bytes] = client.hgetall(keys.CALLS_WAITING)  # type: ignore[assignment]
+    waiting = [json.loads(v) | {"call": k.decode()} for k, v in found.items()]
+    report["waiting"] = waiting
     rows = [("orchestrator", "agents", p["id"], "", "") for p in report["orchestrators"]]
     rows += [
         ("worker", queue, p["id"], p.get("node", ""), p.get("confinement", ""))
         for queue, procs in report["queues"].items()
         for p in procs
     ]
+    rows += [
+        ("waiting call", w["queue"], w["call"], f"{time.time() - w['since']:.0f} s", w["tool"])
+        for w in sorted(waiting, key=lambda w: w["since"])
+    ]
     output.table(("kind", "queue", "process", "node", "confinement"), rows, report, as_json)
+    if waiting:
+        click.echo(f"{len(waiting)} calls wait for a worker: start one for their queue", err=True)
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
@@ -216,6 +226,7 @@ def result_json(result: JobResult) -> dict[str, Any]:
         "iterations": result.iterations,
         "error": result.error,
         "tool_calls": [c.model_dump() for c in result.tool_calls],
+        "usage": result.usage.model_dump() if result.usage else None,
     }
 
 
@@ -339,6 +350,10 @@ def run(
         click.echo(json.dumps(result_json(result)))
     else:
         click.echo(result.final_text or result.error)
+        if result.usage is not None:  # the whole tree's, with its subagents
+            u = result.usage
+            cost = f", ${u.cost_usd:.4f}" if u.cost_usd else ""
+            console.print(f"usage: {u.turns} model turns, {u.tokens} tokens{cost}")
     sys.exit(0 if result.status == "completed" else 1)
 
 

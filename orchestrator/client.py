@@ -96,9 +96,14 @@ class Job:
                     break
 
     def result(self) -> JobResult:
+        from broker.budget import usage_of
+
         result = self.client.store.job_result(self.id)
         if result is None:
             raise ClientError(f"no job {self.id}")
+        row = self.client.store.job(self.id)
+        root = ((row or {}).get("spec") or {}).get("root_id") or self.id
+        result.usage = usage_of(self.client.redis, root)
         return result
 
     def approve(self, request_id: str, decision: str, by: str = "") -> None:
@@ -208,12 +213,14 @@ class Client:
         job_id: str | None = None,
         channel: str = "",
         chat_id: str = "",
+        budget: dict[str, Any] | None = None,
     ) -> Job:
         """Store the job and queue its agent run; returns at once.
 
         `allow`, `ask` and `deny` are the job's permission rules (`exec`,
         `exec(git status *)`, `read_file(./secrets/**)`, …). `channel` and `chat_id` say
-        where the prompt came from (a configured message channel and its chat)."""
+        where the prompt came from (a configured message channel and its chat). `budget`
+        (`turns`, `tokens`, `cost_usd`) bounds this job and all its subagents together."""
         if not prompt.strip():
             raise ClientError("prompt is empty")
         if not os.path.isabs(workspace):
@@ -251,6 +258,7 @@ class Client:
             system=system,
             channel=channel,
             chat_id=chat_id,
+            budget=budget,
         )
         job_id = job_id or uuid.uuid4().hex
         self.store.create_job(job_id, session_id=job_id, spec=spec, user_id=user)

@@ -3,24 +3,28 @@
 One listener per orchestrator process pops outcomes from its reply list (BRPOP: pushed,
 never polled per call) and resolves the waiting futures. A watchdog notices calls whose
 executing process stopped heartbeating and sends them again; the worker-side ledger caps
-deliveries and answers repeats.
+deliveries and answers repeats. A call that no worker starts is announced as waiting, and
+answered with an error after the schedule-to-start timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
 
-from broker import keys
+from broker import events, keys
 from broker.connections import retry_pause
-from broker.messages import CallEnvelope, CallOutcome
+from broker.messages import CallEnvelope, CallOutcome, Event
 from broker.publisher import AsyncPublisher
 from broker.settings import Settings
 from workers.tasks import task_name
@@ -47,6 +51,8 @@ class Pending:
     queue: str
     future: asyncio.Future[CallOutcome]
     resent_for: set[str] = field(default_factory=set)
+    sent_at: float = field(default_factory=time.monotonic)
+    told_waiting: bool = False  # tool_call_waiting was emitted
 
 
 class Dispatcher:
@@ -64,29 +70,37 @@ class Dispatcher:
         """The listener returns after its current blocking read (at most a second)."""
         self.stopping.set()
 
-    async def call(self, envelope: CallEnvelope, queue: str) -> CallOutcome:
-        """Send one call and wait for its outcome."""
+    async def call(
+        self, envelope: CallEnvelope, queue: str, prelude: Callable[[Any], None] | None = None
+    ) -> CallOutcome:
+        """Send one call and wait for its outcome; `prelude` adds commands (the job's
+        pending events) to the publish's round trip."""
         key = (envelope.job_id, envelope.turn, envelope.call_id)
         pending = Pending(envelope, queue, asyncio.get_running_loop().create_future())
         self.pending[key] = pending
         try:
-            await self._send(pending)
+            await self._send(pending, prelude)
             return await pending.future
         finally:
             self.pending.pop(key, None)
+            if pending.told_waiting:
+                await self.redis.hdel(keys.CALLS_WAITING, _field(envelope))
 
-    async def _send(self, pending: Pending) -> None:
-        env = pending.envelope
+    def _options(self, env: CallEnvelope) -> dict[str, Any]:
+        return {
+            "name": env.task or task_name(env.tool),
+            "kwargs": {"envelope": env.model_dump(mode="json")},
+            "task_id": f"{env.call_id}.{uuid.uuid4().hex[:8]}",
+            "soft_time_limit": env.timeout_s + self.settings.tool_grace_s,
+            "time_limit": env.timeout_s + 2 * self.settings.tool_grace_s,
+            "root_id": env.job_id,
+            "parent_id": env.job_id,
+            "kwargsrepr": repr({"tool": env.tool, "call_id": env.call_id, "job": env.job_id}),
+        }
+
+    async def _send(self, pending: Pending, prelude: Callable[[Any], None] | None = None) -> None:
         await self.publisher.send(
-            name=env.task or task_name(env.tool),
-            queue=pending.queue,
-            kwargs={"envelope": env.model_dump(mode="json")},
-            task_id=f"{env.call_id}.{uuid.uuid4().hex[:8]}",
-            soft_time_limit=env.timeout_s + self.settings.tool_grace_s,
-            time_limit=env.timeout_s + 2 * self.settings.tool_grace_s,
-            root_id=env.job_id,
-            parent_id=env.job_id,
-            kwargsrepr=repr({"tool": env.tool, "call_id": env.call_id, "job": env.job_id}),
+            queue=pending.queue, prelude=prelude, **self._options(pending.envelope)
         )
 
     def resolve_cancelled(self, job_id: str, turn: int, call_id: str, reason: str) -> None:
@@ -116,6 +130,40 @@ class Dispatcher:
             except ValueError:
                 log.error("unreadable outcome dropped: %r", popped[1][:200])
 
+    async def _not_taken(self, items: list[Pending]) -> None:
+        """Calls no worker has started. After `call_waiting_after_s` a `tool_call_waiting`
+        event names the queue (and `clawq status` lists the call); after
+        `schedule_to_start_timeout_s` the model is answered with an error and the message
+        left in the queue is cancelled, so a worker that comes later skips it."""
+        s, now = self.settings, time.monotonic()
+        for p in items:
+            e, waited = p.envelope, now - p.sent_at
+            if p.future.done():
+                continue
+            if waited >= s.schedule_to_start_timeout_s:
+                reason = (
+                    f"no worker took {e.tool} from the '{p.queue}' queue within "
+                    f"{s.schedule_to_start_timeout_s:g} s: is a worker for it running "
+                    f"(clawq worker --group {p.queue.split('.')[0]})? Try later or another tool."
+                )
+                await self.redis.set(
+                    keys.cancel_call(e.job_id, e.turn, e.call_id), reason, ex=s.events_ttl_s
+                )
+                self._resolve(cancelled_outcome(e.job_id, e.turn, e.call_id, reason))
+            elif waited >= s.call_waiting_after_s and not p.told_waiting:
+                p.told_waiting = True
+                info = {"queue": p.queue, "tool": e.tool, "job": e.job_id, "since": time.time()}
+                await self.redis.hset(keys.CALLS_WAITING, _field(e), json.dumps(info))
+                await events.emit(
+                    self.redis,
+                    Event(
+                        type="tool_call_waiting",
+                        job_id=e.job_id,
+                        data={"call_id": e.call_id, "queue": p.queue, "waited_s": round(waited, 1)},
+                    ),
+                    s.events_ttl_s,
+                )
+
     async def watchdog(self) -> None:
         """Every heartbeat interval: re-send calls whose executing process has died."""
         while True:
@@ -126,7 +174,10 @@ class Dispatcher:
                 await retry_pause(exc, "watchdog sweep", 0)
 
     async def _sweep(self) -> None:
-        items = list(self.pending.values())
+        # a call younger than one interval is looked at in the next sweep: thousands of
+        # short calls in flight cost no Redis work, and a death is still seen in seconds
+        young = time.monotonic() - self.settings.heartbeat_interval_s
+        items = [p for p in self.pending.values() if p.sent_at <= young]
         if not items:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -142,6 +193,9 @@ class Dispatcher:
         for status, _, outcome in states:
             if status == b"done" and outcome:  # recorded, but the push was lost
                 self._resolve(CallOutcome.model_validate_json(outcome))
+        await self._not_taken(
+            [p for p, (status, _, _) in zip(items, states, strict=True) if status is None]
+        )
         if not running:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -173,3 +227,7 @@ async def running_dispatcher(settings: Settings, name: str) -> AsyncIterator[Dis
         await listen
         await client.aclose()
         await listener.aclose()
+
+
+def _field(e: CallEnvelope) -> str:
+    return f"{e.job_id}:{e.turn}:{e.call_id}"

@@ -1,8 +1,9 @@
 """The orchestrator process: takes agent runs off the `agents` queue and drives them all
 on one asyncio event loop.
 
-kombu is synchronous, so one thread consumes the `agents` queue and hands each run to the
-loop; everything else (model streams, tool dispatch, outcomes, PostgreSQL) is asyncio.
+The `agents` queue is consumed on the loop too (broker/agent_queue.py: a reliable list,
+taken in batches), as is everything else: model streams, tool dispatch, outcomes,
+PostgreSQL.
 Each running job holds a lease in Redis, refreshed by this process's heartbeat: a job whose
 orchestrator died loses its lease within seconds and is resumed by another orchestrator
 from its transcript.
@@ -12,30 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
 import signal
-import socket
-import threading
 import time
 import uuid
 from typing import Any
 
 import httpx
-import kombu.exceptions
 import redis
 import redis.asyncio as aioredis
 from celery import Celery
-from kombu.entity import Queue
-from kombu.message import Message
 
-from broker import events, keys
+from broker import events, keys, metrics, tracing
 from broker.admission import RECLAIM
+from broker.agent_queue import AgentQueue, AgentRun
 from broker.announce import AnnounceItem, AnnounceQueue, batch_message
 from broker.celery_app import create_app
 from broker.connections import async_redis, retry_pause
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
+from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, Group, JobSpec
 from broker.presence import process_id
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
@@ -53,8 +51,26 @@ from workers.registry import Registry, default_registry
 log = logging.getLogger("clawq.orchestrator")
 
 RECOVERY_INTERVAL_S = 5.0
+LEASE_BATCH = 1000
+ACCEPT_WINDOW = 1000  # agent runs being accepted at once (unacked on the agents queue)
+# KEYS: job leases; ARGV: their TTL. Thousands of jobs' leases in one command each second.
+REFRESH = "for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[1]) end return #KEYS"
 ARTIFACT_PURGE_INTERVAL_S = 600.0  # retention is days; ten minutes late is nothing
 ANNOUNCE_POLL_S = 0.2
+
+
+def serve(settings: Settings) -> None:
+    """Run an orchestrator until SIGTERM or SIGINT, on uvloop: its event loop costs a
+    fraction of asyncio's per callback and socket operation, and one process drives
+    thousands of jobs."""
+    import uvloop
+
+    # thousands of live jobs are many long-lived objects: what exists at start is never
+    # collected, and young objects are collected less often (each full pass walks them all)
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 50)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(Orchestrator(settings).run())
 
 
 class Orchestrator:
@@ -71,8 +87,9 @@ class Orchestrator:
         self.cancelling: set[str] = set()
         self.steering: set[str] = set()
         self.children: set[str] = set()  # the subagents among self.jobs (they hold slots)
+        self.accepting: set[str] = set()  # being claimed now (accepts run concurrently)
         self.slots = asyncio.Semaphore(settings.max_jobs_per_orchestrator)
-        self._stop_consuming = threading.Event()
+        self.stopping = asyncio.Event()  # no more agent runs are taken
         self._lease_ms = int(settings.heartbeat_ttl_s * 1000)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -81,8 +98,12 @@ class Orchestrator:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
+        tracing.setup(self.settings.otlp_endpoint, "orchestrator")
+        queues = [g.value for g in Group] + [AGENTS_QUEUE]  # their depths, read at scrape
+        metrics.serve(self.settings.metrics_port, self.settings.redis_url, queues)
         self.redis = async_redis(self.settings)
         listen_redis = aioredis.Redis.from_url(self.settings.redis_url)
+        agents_redis = aioredis.Redis.from_url(self.settings.redis_url)  # its blocking take
         self.store = AsyncStore(self.settings.database_url, self.settings.database_pool_size)
         await self.store.open()
         http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
@@ -111,6 +132,11 @@ class Orchestrator:
             LiveSettings(self.settings),
         )
         self.announcements = self.services.announcements
+        try:
+            await asyncio.to_thread(self.services.task_events.prepare)
+        except Exception as exc:  # Flower's events are best effort; jobs run regardless
+            log.warning("task events unavailable: %s", exc)
+        queue = self.agent_queue = AgentQueue(self.redis, agents_redis, self.id)
         background = [
             asyncio.create_task(self.dispatcher.listen(listen_redis)),
             asyncio.create_task(self.dispatcher.watchdog()),
@@ -122,14 +148,13 @@ class Orchestrator:
             asyncio.create_task(self.purge_artifacts()),
             asyncio.create_task(self.tick_cron()),
         ]
-        consumer = threading.Thread(target=self.consume, args=(loop,), daemon=True)
-        consumer.start()
+        consumer = asyncio.create_task(self.consume(queue))
         log.info("orchestrator %s ready", self.id)
         try:
             await stop.wait()
         finally:
-            self._stop_consuming.set()
-            await asyncio.to_thread(consumer.join, 5)
+            self.stopping.set()
+            await asyncio.wait([consumer], timeout=6)
             for task in list(self.jobs.values()):
                 task.cancel()
             await asyncio.gather(*self.jobs.values(), return_exceptions=True)
@@ -138,52 +163,67 @@ class Orchestrator:
                 task.cancel()
             # bounded: redis-py can lose a cancellation that lands in a blocking read
             await asyncio.wait(background, timeout=3)
+            with contextlib.suppress(aioredis.RedisError):
+                await queue.give_back()  # what it took and did not start: for the others
             await self.redis.delete(keys.proc(self.id))
             await http.aclose()
             await self.store.close()
             await self.redis.aclose()
             await listen_redis.aclose()
+            await agents_redis.aclose()
             self.announcements.client.close()
             self.services.task_events.close()
 
     # -- the agents queue ---------------------------------------------------------------
 
-    def consume(self, loop: asyncio.AbstractEventLoop) -> None:
-        """kombu consumer thread: accept each agent run on the loop, then ack it."""
-        queue = Queue(AGENTS_QUEUE, routing_key=AGENTS_QUEUE)
+    async def consume(self, queue: AgentQueue) -> None:
+        """Take agent runs (up to the accept window at once), accept them concurrently,
+        and settle each once accepted; a run whose accept failed is queued again."""
+        await queue.give_back()  # a taken list under this id is a dead incarnation's
+        inflight: set[asyncio.Task[None]] = set()
+        settled: list[AgentRun] = []
+        settling: set[asyncio.Task[None]] = set()
 
-        def on_message(body: Any, message: Message) -> None:
-            kwargs = body[1] if isinstance(body, list) and len(body) > 1 else {}
-            embed = body[2] if isinstance(body, list) and len(body) > 2 else {}
-            job_id = kwargs.get("job_id")
-            if message.headers.get("task") != AGENT_RUN_TASK or not job_id:
-                log.error("dropping a message that is not an agent run: %r", message.headers)
-                message.ack()
-                return
-            chain = (embed or {}).get("chain") or []
-            future = asyncio.run_coroutine_threadsafe(self.accept(job_id, chain), loop)
+        async def settle_soon() -> None:
+            await asyncio.sleep(0.005)  # gather the batch of accepts finishing together
+            batch = settled[:]
+            del settled[:]
             try:
-                future.result()
+                await queue.settle(batch)
+            except aioredis.RedisError as exc:  # taken again after this process dies
+                log.warning("agent runs not settled (%s)", exc)
+
+        async def accept(run: AgentRun) -> None:
+            try:
+                if run.job_id:
+                    await self.accept(run.job_id, run.chain)
+                else:
+                    log.error("dropping a message that is not an agent run: %r", run.raw[:200])
             except Exception:
-                log.exception("could not accept job %s; it will be redelivered", job_id)
-                message.requeue()
+                log.exception("could not accept job %s; it is queued again", run.job_id)
+                await queue.retry(run)
                 return
-            message.ack()
+            settled.append(run)
+            if len(settled) == 1:
+                settling.add(task := asyncio.create_task(settle_soon()))
+                task.add_done_callback(settling.discard)
 
-        while not self._stop_consuming.is_set():
+        while not self.stopping.is_set():
+            room = ACCEPT_WINDOW - len(inflight)
+            if room <= 0:
+                await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                continue
             try:
-                with (
-                    self.app.connection_for_read() as conn,
-                    conn.Consumer(
-                        [queue], accept=["json"], callbacks=[on_message], prefetch_count=100
-                    ),
-                ):
-                    while not self._stop_consuming.is_set():
-                        with contextlib.suppress(TimeoutError, socket.timeout):
-                            conn.drain_events(timeout=0.5)
-            except (kombu.exceptions.OperationalError, OSError) as exc:
-                log.warning("agents queue connection lost (%s); reconnecting", exc)
-                self._stop_consuming.wait(1.0)
+                runs = await queue.take(room, block_s=1)
+            except aioredis.RedisError as exc:
+                await retry_pause(exc, "agents queue", 1.0)
+                continue
+            for run in runs:
+                task = asyncio.create_task(accept(run))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+        if inflight:
+            await asyncio.wait(inflight, timeout=5)
 
     async def accept(self, job_id: str, chain: list[Any] | None = None) -> None:
         """Claim the job's lease and start (or resume) it; a job leased elsewhere is left.
@@ -191,32 +231,58 @@ class Orchestrator:
         `chain` (from the queue message) is the rest of its task graph; it is stored first,
         so the message can be acknowledged and a resumed run still continues the graph.
         A subagent also needs its running slot; with none free it waits (`recover`)."""
-        if job_id in self.jobs:
+        if job_id in self.jobs or job_id in self.accepting:
             return
-        if chain is not None:
-            await self.store.save_chain(job_id, chain)
-        row = await self.store.job(job_id)
-        if row is None:
-            log.error("agent run for unknown job %s dropped", job_id)
+        self.accepting.add(job_id)
+        try:
+            run = await self._claim(job_id, chain)
+        finally:
+            self.accepting.discard(job_id)
+        if run is None:
             return
-        if row["status"] in FINAL_STATUSES:
-            return
-        spec = JobSpec.model_validate(row["spec"])
-        if spec.depth > 0 and not await self._reclaim_slot(job_id):
-            log.info("subagent %s waits for a free slot", job_id)
-            return
-        await self.slots.acquire()  # before the lease: a waiting job's lease would lapse
-        claimed = await self.redis.set(keys.lease(job_id), self.id, nx=True, px=self._lease_ms)
-        if not claimed or not await self.store.start_job(job_id, self.id):
-            if claimed:
-                await self.redis.delete(keys.lease(job_id))
-            self.slots.release()
-            return
-        run = JobRun(self.services, job_id, row["session_id"], spec)
-        run.chain = row["chain"] or []
-        if spec.depth > 0:
+        if run.spec.depth > 0:
             self.children.add(job_id)
         self.jobs[job_id] = asyncio.create_task(self._drive(run), name=f"job-{job_id}")
+
+    async def _claim(self, job_id: str, chain: list[Any] | None) -> JobRun | None:
+        """Slot, lease, then one statement that keeps the chain and starts the job (a
+        subagent starts once it has its running slot); None when it is not ours to run.
+
+        The slot is taken before the lease (a job waiting for a slot would let its lease
+        lapse) and the lease before the start: a job leased elsewhere is left as it is."""
+        await self.slots.acquire()
+        claimed = await self.redis.set(keys.lease(job_id), self.id, nx=True, px=self._lease_ms)
+        if not claimed:
+            self.slots.release()
+            if chain is not None:
+                await self.store.save_chain(job_id, chain)
+            return None
+        run = None
+        try:
+            run = await self._start(job_id, chain)
+        finally:
+            if run is None:
+                await self.redis.delete(keys.lease(job_id))
+                self.slots.release()
+        return run
+
+    async def _start(self, job_id: str, chain: list[Any] | None) -> JobRun | None:
+        row = await self.store.accept_job(job_id, self.id, chain)
+        if row is None:
+            log.error("agent run for unknown job %s dropped", job_id)
+            return None
+        if row["status"] in FINAL_STATUSES:
+            return None
+        spec = JobSpec.model_validate(row["spec"])
+        if spec.depth > 0:
+            if not await self._reclaim_slot(job_id):
+                log.info("subagent %s waits for a free slot", job_id)
+                return None
+            if not await self.store.start_job(job_id, self.id):
+                return None
+        run = JobRun(self.services, job_id, row["session_id"], spec, transcript=row["transcript"])
+        run.chain = row["chain"] or []
+        return run
 
     async def _reclaim_slot(self, job_id: str) -> bool:
         """Keep the slot admission gave this subagent (or take a free one if it lapsed)."""
@@ -244,7 +310,9 @@ class Orchestrator:
                         await run.abandon_turn("the job was cancelled")
                         await run.finish("cancelled", "", "cancelled by request")
                         break
-                    await self.redis.delete(keys.lease(run.job_id))  # shutting down
+                    with contextlib.suppress(aioredis.RedisError):
+                        await run.flush()  # shutting down: what happened is still told
+                    await self.redis.delete(keys.lease(run.job_id))
                     raise
         except Exception as exc:
             log.exception("job %s crashed", run.job_id)
@@ -254,7 +322,8 @@ class Orchestrator:
             self.children.discard(run.job_id)
             self.cancelling.discard(run.job_id)
             self.slots.release()
-            await self.redis.delete(keys.lease(run.job_id))
+            if not run.finished:  # finish() gives the lease up with its last round trip
+                await self.redis.delete(keys.lease(run.job_id))
 
     # -- background duties --------------------------------------------------------------
 
@@ -273,10 +342,12 @@ class Orchestrator:
             expiry = int((time.time() + self.settings.subagent_lease_s) * 1000)
             try:
                 children = {j: expiry for j in self.children}
+                leases = [keys.lease(job_id) for job_id in self.jobs]
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.set(keys.proc(self.id), info, px=self._lease_ms)
-                    for job_id in self.jobs:
-                        pipe.pexpire(keys.lease(job_id), self._lease_ms)
+                    for start in range(0, len(leases), LEASE_BATCH):  # a command per batch
+                        batch = leases[start : start + LEASE_BATCH]
+                        pipe.eval(REFRESH, len(batch), *batch, self._lease_ms)
                     if children:  # the running slots of the subagents run here
                         pipe.zadd(keys.SUBAGENTS_RUNNING, children, xx=True)
                     await pipe.execute()
@@ -414,10 +485,12 @@ class Orchestrator:
                 log.exception("purging artifacts failed")
 
     async def recover(self) -> None:
-        """Resume running jobs whose orchestrator stopped holding their lease."""
+        """Resume running jobs whose orchestrator stopped holding their lease, and queue
+        again the agent runs a dead orchestrator had taken but not accepted."""
         while True:
             await asyncio.sleep(RECOVERY_INTERVAL_S)
             try:
+                await self.agent_queue.restore_dead()
                 for job_id in await self.store.orphan_candidates():
                     if job_id not in self.jobs and not await self.redis.exists(keys.lease(job_id)):
                         log.warning("resuming job %s: its orchestrator is gone", job_id)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.messages import JobSpec
+from broker.metrics import metrics
 from broker.ratelimit import RateLimiter
 from broker.store import AsyncStore
 from orchestrator.approvals import Approvals
@@ -108,6 +109,7 @@ class Gate:
         # a subagent tree shares its root session's budget: spawning does not multiply it
         admitted, used = await self.limiter.admit(self.spec.root_session or self.session_id)
         if not admitted:
+            metrics().rate_limited.inc()
             return await self.refuse(
                 call,
                 "rate_limit",
@@ -146,7 +148,12 @@ class Gate:
             by=asked.by,
             timeout_s=self.approval_timeout_s,
         )
-        answer = await self.approvals.wait(request_id, self.approval_timeout_s)
+        pending = metrics().approvals_pending
+        pending.inc()
+        try:
+            answer = await self.approvals.wait(request_id, self.approval_timeout_s)
+        finally:
+            pending.dec()
         status = answer.decision if answer else "timeout"
         who = (answer.by if answer else "") or "unknown"
         await self.store.answer_approval(request_id, status, who)

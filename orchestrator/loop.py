@@ -18,8 +18,9 @@ import httpx
 import redis.asyncio as aioredis
 from celery import Celery, signature
 
-from broker import events, keys
+from broker import events, keys, tracing
 from broker.announce import CLOSE, RELEASE, AnnounceItem, AnnounceQueue
+from broker.budget import Budget, Limits, price
 from broker.control import cancel_jobs_async
 from broker.mcp_store import accessible_tools
 from broker.messages import (
@@ -30,12 +31,13 @@ from broker.messages import (
     EventType,
     JobSpec,
 )
+from broker.metrics import metrics
 from broker.policy_config import PermissionRules
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 from broker.store import AsyncStore
 from orchestrator.approvals import Approvals
-from orchestrator.conversation import Message, ToolCall, ToolResultBlock
+from orchestrator.conversation import Message, TokenUsage, ToolCall, ToolResultBlock
 from orchestrator.custom_catalog import CustomCatalog
 from orchestrator.dispatch import Dispatcher, cancelled_outcome
 from orchestrator.gate import Gate, Ready, Refused
@@ -81,12 +83,24 @@ class JobCancelled(Exception):
 
 
 class JobRun:
-    def __init__(self, services: Services, job_id: str, session_id: str, spec: JobSpec) -> None:
+    def __init__(
+        self,
+        services: Services,
+        job_id: str,
+        session_id: str,
+        spec: JobSpec,
+        transcript: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.s = services
         self.job_id = job_id
         self.session_id = session_id
         self.spec = spec
         self.messages: list[Message] = []
+        self._turns = 0
+        self.transcript = transcript  # read when the job was accepted; used by its first run
+        self.pending: list[Event] = []  # events that ride on the job's next round trip
+        self.finished = False  # its end is recorded and its lease given up
+        self.writing: asyncio.Future[None] | None = None  # the transcript write in flight
         self.current: TurnCalls | None = None  # the calls of the turn in flight
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
@@ -99,13 +113,14 @@ class JobRun:
         s, spec = self.s, self.spec
         if s.live is not None:  # a new live configuration applies from the next job on
             await s.live.refresh(s)
-        rows = await accessible_tools(s.store.pool, spec.agent_id, spec.user_id)
-        timeout = s.settings.mcp_call_timeout_s
-        extra = [*await s.custom.for_agent(spec.agent_id), *(tool_class(r, timeout) for r in rows)]
-        self.registry, self.policy = s.registry, s.policy
-        self.system = await system_prompt(
-            s.store.pool, s.settings, spec.agent_id, spec.user_id, spec.system
+        rows, custom, self.system = await asyncio.gather(  # independent: at once
+            accessible_tools(s.store.pool, spec.agent_id, spec.user_id),
+            s.custom.for_agent(spec.agent_id),
+            system_prompt(s.store.pool, s.settings, spec.agent_id, spec.user_id, spec.system),
         )
+        timeout = s.settings.mcp_call_timeout_s
+        extra = [*custom, *(tool_class(r, timeout) for r in rows)]
+        self.registry, self.policy = s.registry, s.policy
         if extra:
             self.registry = s.registry.extended(extra)
             self.policy = PolicyEngine(self.registry, s.settings.tool_policy)
@@ -124,6 +139,9 @@ class JobRun:
         self.hidden = hidden_paths(self.rules, spec.workspace)
         self.network = network_allowed(s.settings, self.rules)
         self.tools = sorted(visible)
+        # what the model is told about them, built once per job rather than every turn
+        self.openai_tools = self.registry.openai_tools(self.tools)
+        self.anthropic_tools = self.registry.anthropic_tools(self.tools)
         self.gate = Gate(
             self.job_id,
             self.session_id,
@@ -141,37 +159,70 @@ class JobRun:
         )
 
     async def emit(self, type_: EventType, **data: Any) -> None:
-        event = Event(type=type_, job_id=self.job_id, data=data)
-        await events.emit(self.s.redis, event, self.s.settings.events_ttl_s)
+        """Emit now (after what is pending, in order)."""
+        self.defer(type_, **data)
+        await self.flush()
+
+    def defer(self, type_: EventType, **data: Any) -> None:
+        """Emit with the job's next round trip to Redis: a turn's start, a call's publish,
+        the job's end. Only for events that nothing waits on in between."""
+        self.pending.append(Event(type=type_, job_id=self.job_id, data=data))
+
+    def take_pending(self, pipe: Any) -> None:
+        """Put the pending events in `pipe`, first."""
+        batch, self.pending = self.pending, []
+        events.add(pipe, batch, self.s.settings.events_ttl_s)
+
+    async def flush(self) -> None:
+        if self.pending:
+            async with self.s.redis.pipeline(transaction=False) as pipe:
+                self.take_pending(pipe)
+                await pipe.execute()
 
     @property
     def turns(self) -> int:
-        return sum(1 for m in self.messages if m.role == "assistant" and m.job_id == self.job_id)
+        """This job's model turns so far (counted as messages are added, not re-counted)."""
+        return self._turns
+
+    def _counts(self, message: Message) -> int:
+        return int(message.role == "assistant" and message.job_id == self.job_id)
 
     async def run(self) -> None:
         """Run (or resume) the job to a final status, persisting each step."""
-        rows = await self.s.store.transcript(self.session_id)
+        rows, self.transcript = self.transcript, None
+        if rows is None:  # a run after the first (steered): read it again
+            await self.settle()
+            rows = await self.s.store.transcript(self.session_id)
         self.messages = [
             Message.from_row(r["role"], r["content"], r.get("job_id", "")) for r in rows
         ]
+        self._turns = sum(self._counts(m) for m in self.messages)
         resumed = any(m.job_id == self.job_id for m in self.messages)
+        self.defer("job_started", resumed=resumed)
         async with self.s.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.session_active(self.session_id), self.job_id)  # where messages go
             pipe.delete(keys.session_ended(self.session_id))  # a later job of the session
+            self.take_pending(pipe)
+            self.s.task_events.started(pipe, self.job_id, self.spec)
             await pipe.execute()
-        await self.s.task_events.started(self.job_id, self.spec)
-        await self.emit("job_started", resumed=resumed)
         if not resumed:
             await self.append(Message(role="user", text=self.spec.prompt, job_id=self.job_id))
+        m = metrics()
+        m.jobs_running.inc()
         try:
-            await self.load_tools()
-            self.prepare()
-            status, text, error = await self.loop()
-        except (ModelError, RuleError, PolicyError) as exc:
-            status, text, error = "failed", "", str(exc)
-        except JobCancelled:
-            status, text, error = "cancelled", "", "cancelled by request"
-        await self.finish(status, text, error)
+            with tracing.span("job", {"clawq.job": self.job_id, "clawq.agent": self.spec.agent_id}):
+                try:
+                    await self.load_tools()
+                    self.prepare()
+                    status, text, error = await self.loop()
+                except (ModelError, RuleError, PolicyError) as exc:
+                    status, text, error = "failed", "", str(exc)
+                except JobCancelled:
+                    status, text, error = "cancelled", "", "cancelled by request"
+                await self.finish(status, text, error)
+        finally:
+            m.jobs_running.dec()
+        m.jobs.labels(status).inc()
 
     async def loop(self) -> tuple[str, str, str]:
         provider = provider_for(self.spec.model, self.spec.script, self.s.settings, self.s.http)
@@ -180,66 +231,118 @@ class JobRun:
             await self.run_calls(self.turns - 1, last.tool_calls)
         elif last.role == "assistant":
             return "completed", last.text, ""
+        m, kind = metrics(), self.spec.model.partition(":")[0]
+        limits, over = self.limits, ""
         while True:
             if self.turns >= self.spec.max_iterations:
                 return "max_iterations", "", f"stopped after {self.turns} model turns"
-            await self.check_cancelled()
-            await self.take_steering()
+            if limits and not over:  # the turn is charged before the model is asked
+                over = await self.charge(turns=1)
+            if over:
+                self.defer("budget_exceeded", reason=over)
+                return "budget_exceeded", "", over
             turn = self.turns
-            await self.emit("turn_started", turn=turn + 1)
-            request = ModelRequest(
-                system=self.system,
-                messages=self.messages,
-                openai_tools=self.registry.openai_tools(self.tools),
-                anthropic_tools=self.registry.anthropic_tools(self.tools),
-                turn=turn,
-            )
-            self.current = TurnCalls(self, turn)  # calls start as the stream delivers them
-            reply = await provider.complete(request, on_tool_call=self.current.add)
-            reply.job_id = self.job_id
-            if reply.text:
-                await self.emit("model_text", turn=turn + 1, text=reply.text)
-            await self.append(reply, turn=turn)
-            if reply.tool_calls:
-                await self.current.finish(reply.tool_calls)
-            self.current = None
+            started = time.monotonic()
+            with tracing.span("turn", {"clawq.turn": turn + 1}):
+                await self.begin_turn(turn)
+                request = ModelRequest(
+                    system=self.system,
+                    messages=self.messages,
+                    openai_tools=self.openai_tools,
+                    anthropic_tools=self.anthropic_tools,
+                    turn=turn,
+                )
+                self.current = TurnCalls(self, turn)  # calls start as the stream delivers them
+                asked = time.monotonic()
+                reply = await provider.complete(request, on_tool_call=self.current.add)
+                m.model_seconds.labels(kind).observe(time.monotonic() - asked)
+                if reply.usage is not None:
+                    m.model_tokens.labels(kind, "input").inc(reply.usage.input)
+                    m.model_tokens.labels(kind, "output").inc(reply.usage.output)
+                if reply.usage is not None:  # tokens, known once it answered
+                    over = await self.charge(turns=0 if limits else 1, usage=reply.usage)
+                reply.job_id = self.job_id
+                if reply.text:
+                    self.defer("model_text", turn=turn + 1, text=reply.text)
+                await self.append(reply, turn=turn)
+                if reply.tool_calls:
+                    await self.current.finish(reply.tool_calls)
+                self.current = None
+            m.turns.inc()
+            m.turn_seconds.observe(time.monotonic() - started)
             if not reply.tool_calls and await self.close():
                 return "completed", reply.text, ""
+
+    @property
+    def limits(self) -> Limits | None:
+        """This tree's budget (the job's, else the settings'), or None when unlimited."""
+        s = self.s.settings
+        limits = self.spec.budget or Limits(
+            turns=s.budget_turns, tokens=s.budget_tokens, cost_usd=s.budget_cost_usd
+        )
+        return limits if (limits.turns or limits.tokens or limits.cost_usd) else None
+
+    async def charge(self, turns: int = 0, usage: TokenUsage | None = None) -> str:
+        """Charge model turns and tokens to the tree (one Lua call); why the tree is over
+        its budget, or ''. A turn is charged before its request, so a turn limit is never
+        passed; tokens are known after, so the turn whose reply went over still runs its
+        calls (the transcript stays whole) and the next turn does not start."""
+        limits = self.limits or Limits()
+        tokens = usage.total if usage else 0
+        cost = (
+            price(
+                self.s.settings.model_prices,
+                self.spec.model.partition(":")[2] or self.spec.model,
+                usage.input,
+                usage.output,
+            )
+            if usage
+            else 0.0
+        )
+        used = await Budget(self.s.redis).charge(
+            self.spec.root_id or self.job_id, limits, turns, tokens, cost
+        )
+        if not used.over:
+            return ""
+        return f"the job's tree went over its budget of {used.over}: {used.describe(limits)}"
 
     async def close(self) -> bool:
         """Whether the job may end now: nothing waits in its inbox or steer list (else the
         next turn takes it), and then new messages for the session start a new job."""
-        closed = await self.s.redis.eval(
-            CLOSE,
-            3,
-            keys.inbox(self.job_id),
-            keys.steer(self.job_id),
-            keys.session_active(self.session_id),
-            self.job_id,
-        )
+        async with self.s.redis.pipeline(transaction=False) as pipe:
+            self.take_pending(pipe)
+            pipe.eval(
+                CLOSE,
+                3,
+                keys.inbox(self.job_id),
+                keys.steer(self.job_id),
+                keys.session_active(self.session_id),
+                self.job_id,
+            )
+            closed = (await pipe.execute())[-1]
         return bool(closed)
 
-    async def take_steering(self) -> None:
-        """Messages the user sent to redirect the job, and announcements delivered to it,
-        become its next user input."""
-        steer, inbox = keys.steer(self.job_id), keys.inbox(self.job_id)
-        async with self.s.redis.pipeline(transaction=True) as pipe:
-            pipe.lrange(steer, 0, -1)
-            pipe.lrange(inbox, 0, -1)
-            pipe.delete(steer, inbox)
-            steered, delivered, _ = await pipe.execute()
-        texts = [m.decode() if isinstance(m, bytes) else m for m in [*delivered, *steered]]
-        if texts:
-            await self.append(Message(role="user", text="\n\n".join(texts), job_id=self.job_id))
-        if steered:
-            await self.emit("steered", text="\n\n".join(texts[len(delivered) :])[:2000])
-
-    async def check_cancelled(self) -> None:
-        if await self.s.redis.exists(keys.cancel(self.job_id)):
+    async def begin_turn(self, turn: int) -> None:
+        """One round trip in the common case: pending events out, the cancel check, and
+        `turn_started`. Messages the user sent to redirect the job, and announcements
+        delivered to it, become its next user input first."""
+        started = Event(type="turn_started", job_id=self.job_id, data={"turn": turn + 1})
+        batch, self.pending = self.pending, []
+        begun = await events.begin_turn(self.s.redis, batch, started, self.s.settings.events_ttl_s)
+        if begun.cancelled:
             raise JobCancelled
+        if begun.started:
+            return
+        texts = [*begun.delivered, *begun.steered]
+        await self.append(Message(role="user", text="\n\n".join(texts), job_id=self.job_id))
+        if begun.steered:
+            self.defer("steered", text="\n\n".join(begun.steered)[:2000])
+        await self.emit("turn_started", turn=turn + 1)
 
     async def append(self, message: Message, turn: int = 0) -> None:
+        """Store one message (a model turn with the calls it queues) and wait for it."""
         calls = [(c.id, c.name, c.input, self._queue_of(c.name)) for c in message.tool_calls]
+        await self.settle()
         await self.s.store.append_message(
             self.session_id,
             self.job_id,
@@ -251,6 +354,7 @@ class JobRun:
             iterations=self.turns + 1 if message.role == "assistant" else None,
         )
         self.messages.append(message)
+        self._turns += self._counts(message)
 
     def _queue_of(self, name: str) -> str:
         tool = self.registry.get(name)
@@ -279,6 +383,7 @@ class JobRun:
                     index, cancelled_outcome(self.job_id, current.turn, call.id, reason)
                 )
             await self.record(current.turn, last.tool_calls, current.outcomes)
+        await self.flush()
 
     async def record(
         self, turn: int, calls: list[ToolCall], outcomes: dict[int, CallOutcome]
@@ -292,10 +397,32 @@ class JobRun:
                 for c, o in zip(calls, ordered, strict=True)
             ],
         )
-        await self.s.store.record_outcomes(
-            self.session_id, self.job_id, len(self.messages), message.content(), ordered
+        await self.settle()
+        # written while the job goes on (its next turn starts, the model is asked); the
+        # next write of the job waits for it, so the transcript never has a gap, and the
+        # outcomes are in the ledger meanwhile (a resumed turn is answered from there)
+        self.writing = asyncio.ensure_future(
+            self.s.store.record_outcomes(
+                self.session_id, self.job_id, len(self.messages), message.content(), ordered
+            )
         )
         self.messages.append(message)
+
+    async def settle(self) -> None:
+        """Wait for the transcript write in flight; its failure surfaces here, once."""
+        if self.writing is None:
+            return
+        try:
+            await asyncio.shield(self.writing)  # a cancelled job still completes its write
+        except asyncio.CancelledError:
+            if not self.writing.done():
+                raise
+            self.writing = None
+            raise
+        except BaseException:
+            self.writing = None
+            raise
+        self.writing = None
 
     def local_outcome(self, turn: int, call: ToolCall, refused: Refused) -> CallOutcome:
         result, decision = refused.result, refused.decision
@@ -370,15 +497,21 @@ class JobRun:
                 deadline=time.time() + self.s.settings.visibility_timeout_s,
                 reply_to=self.s.dispatcher.reply_key,
                 max_deliveries=self.s.settings.max_deliveries,
+                sent_at=time.time(),
             )
-            await self.emit(
-                "tool_call_queued",
-                call_id=ready.call.id,
-                name=ready.tool.name,
-                input=envelope.input,
-                queue=queue,
+            queued = Event(
+                type="tool_call_queued",
+                job_id=self.job_id,
+                data={
+                    "call_id": ready.call.id,
+                    "name": ready.tool.name,
+                    "input": envelope.input,
+                    "queue": queue,
+                },
             )
             if unreachable := await self.unreachable(ready.tool, queue):
+                self.pending.append(queued)
+                await self.flush()
                 outcome = CallOutcome(
                     call_id=ready.call.id,
                     job_id=self.job_id,
@@ -389,11 +522,12 @@ class JobRun:
                     worker="orchestrator",
                     attempts=0,
                 )
-            else:
-                outcome = await self.s.dispatcher.call(envelope, queue)
-            outcome = await self.after(ready, outcome)
-            await self.emit_finished(ready.call, outcome)
-            return outcome
+            else:  # the queued event goes out with the publish, after what is pending
+                self.pending.append(queued)
+                with tracing.span(f"call {ready.tool.name}", {"clawq.call": ready.call.id}):
+                    envelope.trace = tracing.carrier()  # the worker's span is a child of this
+                    outcome = await self.s.dispatcher.call(envelope, queue, self.take_pending)
+            return await self.after(ready, outcome)
 
     async def after(self, ready: Ready, outcome: CallOutcome) -> CallOutcome:
         """Post-tool hooks (their context is added for the model) and the audit fields."""
@@ -414,16 +548,19 @@ class JobRun:
             }
         )
 
-    async def emit_finished(self, call: ToolCall, outcome: CallOutcome) -> None:
-        await self.emit(
-            "tool_call_finished",
-            call_id=call.id,
-            name=call.name,
-            is_error=outcome.is_error,
-            output=outcome.for_llm[:EVENT_OUTPUT_CHARS],
-            queue=outcome.queue,
-            worker=outcome.worker,
-        )
+    async def emit_finished(self, call: ToolCall, outcome: CallOutcome, now: bool = True) -> None:
+        """Now, or (`now=False`: the turn's last call) with the job's next round trip."""
+        data = {
+            "call_id": call.id,
+            "name": call.name,
+            "is_error": outcome.is_error,
+            "output": outcome.for_llm[:EVENT_OUTPUT_CHARS],
+            "queue": outcome.queue,
+            "worker": outcome.worker,
+        }
+        self.defer("tool_call_finished", **data)
+        if now:
+            await self.flush()
 
     async def finish(self, status: str, text: str, error: str) -> None:
         """Record the end, continue the task graph, free what the job held.
@@ -431,37 +568,48 @@ class JobRun:
         The next step of the graph is sent before the status is final: a crash in between
         resumes the job and sends it again, and the announce step counts a child once."""
         spec, redis, ttl = self.spec, self.s.redis, self.s.settings.events_ttl_s
+        await self.settle()  # the last results are stored before anything says it ended
         if self.chain:
             result = {"job_id": self.job_id, "status": status, "final_text": text, "error": error}
             await asyncio.to_thread(self._continue_chain, result | {"parent_id": spec.parent_id})
         await self.s.store.finish_job(self.job_id, status, text, error, self.turns)
         async with redis.pipeline(transaction=False) as pipe:
+            self.take_pending(pipe)
             pipe.set(keys.session_ended(self.session_id), status, ex=ttl)  # its processes end
             if spec.depth > 0:
                 pipe.zrem(keys.SUBAGENTS_RUNNING, self.job_id)
-            await pipe.execute()
-        await self.release_session(status)
-        if status == "cancelled":  # its children go with it
+            self.release_session(pipe)
+            left = (await pipe.execute())[-1]
+        if left and status != "cancelled":
+            await self.hand_back(left)
+        if status in ("cancelled", "budget_exceeded"):  # its children go with it
             children = await self.s.store.unfinished_children(self.job_id)
+            why = "its parent was cancelled" if status == "cancelled" else "over the budget"
             if children:
-                await cancel_jobs_async(redis, children, "its parent was cancelled", ttl)
-        await self.emit(
+                await cancel_jobs_async(redis, children, why, ttl)
+        self.defer(
             "job_finished", status=status, final_text=text, error=error, iterations=self.turns
         )
         if spec.parent_id:
-            parent_event = Event(
-                type="subagent_finished",
-                job_id=spec.parent_id,
-                data={"child": self.job_id, "label": spec.label, "status": status},
+            self.pending.append(
+                Event(
+                    type="subagent_finished",
+                    job_id=spec.parent_id,
+                    data={"child": self.job_id, "label": spec.label, "status": status},
+                )
             )
-            await events.emit(redis, parent_event, ttl)
-        await self.s.task_events.finished(self.job_id, status, text, error)
+        async with redis.pipeline(transaction=False) as pipe:
+            self.take_pending(pipe)
+            pipe.delete(keys.lease(self.job_id))  # the job is over: nothing to resume
+            self.s.task_events.finished(pipe, self.job_id, status, text, error)
+            await pipe.execute()
+        self.finished = True
         log.info("job %s %s after %d turns", self.job_id, status, self.turns)
 
-    async def release_session(self, status: str) -> None:
-        """New messages for the session now start a new job; those that reached this job's
-        inbox too late go back to the announce queue (unless the job was cancelled)."""
-        left = await self.s.redis.eval(
+    def release_session(self, pipe: Any) -> None:
+        """New messages for the session now start a new job; what reached this job's inbox
+        too late is returned (last in `pipe`'s results) to go back to the announce queue."""
+        pipe.eval(
             RELEASE,
             3,
             keys.session_active(self.session_id),
@@ -470,12 +618,13 @@ class JobRun:
             self.job_id,
             self.s.settings.events_ttl_s,
         )
-        if left and status != "cancelled":
-            for text in left:
-                item = AnnounceItem(
-                    kind="text", result=text.decode() if isinstance(text, bytes) else text
-                )
-                await asyncio.to_thread(self.s.announcements.push, self.session_id, item)
+
+    async def hand_back(self, left: list[Any]) -> None:
+        for text in left:
+            item = AnnounceItem(
+                kind="text", result=text.decode() if isinstance(text, bytes) else text
+            )
+            await asyncio.to_thread(self.s.announcements.push, self.session_id, item)
 
     def _continue_chain(self, result: dict[str, Any]) -> None:
         """What a Celery worker does after a task of a chain: send the next signature with

@@ -34,6 +34,7 @@ class TurnCalls:
         self.group = 0
         self.last_unsafe: asyncio.Task[None] | None = None
         self.since_unsafe: list[asyncio.Task[None]] = []
+        self.complete = False  # every call of the turn is known (the reply has ended)
 
     async def add(self, call: ToolCall) -> None:
         """Check one call (the gate) and schedule it; returns without waiting for it."""
@@ -65,6 +66,10 @@ class TurnCalls:
             return
         outcome = await self.run.dispatch(self.turn, ready)
         self.outcomes.setdefault(index, outcome)
+        # the turn's last call: its event goes out with the job's next round trip (the
+        # next turn's start, or the job's end), right after the turn is recorded
+        last = self.complete and all(t.done() for i, t in self.tasks.items() if i != index)
+        await self.run.emit_finished(ready.call, outcome, now=not last)
         if (
             outcome.is_error
             and ready.tool.cascades_on_error
@@ -103,6 +108,7 @@ class TurnCalls:
         """Schedule any call the stream did not deliver, wait for all, record in order."""
         for call in calls[len(self.calls) :]:
             await self.add(call)
+        self.complete = True
         if self.tasks:
             await asyncio.wait(self.tasks.values())
         for task in self.tasks.values():

@@ -179,8 +179,8 @@ class WorkerRuntime:
         else:
             with tracing.span(
                 f"execute {envelope.tool}",
+                {"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
                 parent=envelope.trace,
-                **{"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
             ):
                 result = self.execute(envelope)
         m.calls.labels(envelope.tool, "error" if result.is_error else "ok").inc()

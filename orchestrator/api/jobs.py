@@ -13,6 +13,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import keys
+from broker.budget import Limits
 from broker.messages import FINAL_STATUSES, JobResult, Subagent
 from broker.policy_config import PermissionMode
 from orchestrator.api.deps import ApiError, Caller, Services, Svc, not_found
@@ -39,6 +40,7 @@ class SubmitJob(BaseModel):
     system: str = ""
     channel: str = Field("", description="the message channel the prompt came from")
     chat_id: str = Field("", description="its chat (a chat id, a Slack channel, an address)")
+    budget: Limits | None = Field(None, description="turns, tokens, cost_usd of the whole tree")
 
 
 class Submitted(BaseModel):
@@ -133,6 +135,7 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
             job_id=job_id,
             channel=body.channel,
             chat_id=body.chat_id,
+            budget=body.budget.model_dump() if body.budget else None,
         )
     except ClientError as exc:
         raise ApiError(400, "invalid_input", str(exc)) from None

@@ -1,0 +1,386 @@
+"""(i) to (k): the hot path of an agent turn, through the whole system.
+
+(i) one job of `BENCH_TURNS` turns, each with one `list_files` call, on one orchestrator and
+    one fs worker process (prefork, -c 1): the median time from one `turn_started` to the
+    next (model turn, transcript, gate, dispatch, worker, outcome, record), against bare
+    Celery `delay().get()` of a no-op task on the same kind of worker, in the same run;
+(j) `BENCH_HOT_JOBS` (10,000) scripted jobs submitted at once (3 turns with one read_file
+    each, then an answer) on one orchestrator process allowed to run them all at once:
+    model turns per second, the highest number running at once, the orchestrator's peak
+    RSS, and the CPU each kind of process took;
+(k) the same load on 1 and then 2 orchestrator processes: the scaling efficiency
+    (rate with 2 / twice the rate with 1).
+
+Jobs are submitted in bulk (the rows in one pipelined transaction, the agent runs in one
+Redis pipeline): the client's own cost is not the orchestrator's. `BENCH_PROFILE=DIR` runs
+py-spy on the orchestrator during (i) and (j) and writes its collapsed stacks there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from rich.console import Console
+from rich.table import Table
+
+from broker import keys
+from broker.celery_app import create_app
+from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
+from broker.presence import live_processes
+from broker.publisher import task_message
+from broker.store import INSERT_JOB, INSERT_SESSION
+
+TURNS = int(os.environ.get("BENCH_TURNS", "300"))
+ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
+HOT_JOBS = int(os.environ.get("BENCH_HOT_JOBS", "10000"))
+SCALE_JOBS = int(os.environ.get("BENCH_SCALE_JOBS", str(HOT_JOBS)))
+FS_WORKERS = int(os.environ.get("BENCH_FS_WORKERS", "3"))
+PY = sys.executable
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# -- process accounting -------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) of one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+
+
+def tree_cpu(roots: list[int]) -> float:
+    """CPU seconds used so far by these processes and every descendant still alive."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (found := _stat(int(entry))):
+            stats[int(entry)] = found
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has been busy (all cores)."""
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return (sum(values[:8]) - idle) / TICK
+
+
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
+
+
+# -- submitting in bulk -------------------------------------------------------------------
+
+
+def submit_many(bench: Any, specs: list[JobSpec]) -> list[str]:
+    """Store the jobs (one transaction, pipelined) and queue their agent runs (one
+    pipeline): what `Client.submit` does, without a round trip per job."""
+    ids = [uuid.uuid4().hex for _ in specs]
+    pairs = list(zip(ids, specs, strict=True))
+    with (
+        psycopg.connect(bench.database_url, autocommit=True) as conn,
+        conn.transaction(),
+        conn.cursor() as cur,
+    ):
+        cur.executemany(INSERT_SESSION, [(i, s.agent_id, "") for i, s in pairs])
+        cur.executemany(INSERT_JOB, [(i, i, Jsonb(s.model_dump()), "", "", "") for i, s in pairs])
+    app = create_app(bench.settings)
+    pipe = bench.redis.pipeline(transaction=False)
+    for i in ids:
+        event = Event(type="job_queued", job_id=i)
+        pipe.xadd(keys.events(i), {"e": event.model_dump_json(exclude={"id"})})
+        message = task_message(
+            app, name=AGENT_RUN_TASK, queue=AGENTS_QUEUE, kwargs={"job_id": i}, task_id=i
+        )
+        pipe.lpush(AGENTS_QUEUE, message)
+    pipe.execute()
+    return ids
+
+
+def stack_env(bench: Any, jobs: int) -> dict[str, str]:
+    return {
+        **bench.env,
+        "CLAWQ_MAX_JOBS_PER_ORCHESTRATOR": str(jobs),
+        "CLAWQ_RATE_LIMIT_PER_HOUR": "1000000",  # checked on every call, never reached
+    }
+
+
+def status(bench: Any, job_id: str) -> str:
+    with psycopg.connect(bench.database_url) as conn:
+        row = conn.execute("SELECT status FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    return str(row[0]) if row else ""
+
+
+def orchestrators(bench: Any) -> int:
+    return sum(1 for p in live_processes(bench.redis) if p.get("kind") == "orchestrator")
+
+
+# -- (i) a turn with one call ---------------------------------------------------------------
+
+
+def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
+    workspace = tempfile.mkdtemp(prefix="clawq-bench-")
+    with open(os.path.join(workspace, "notes.txt"), "w") as fh:
+        fh.write("a\nb\n")
+    turn = {"tool_calls": [{"id": "c", "name": "list_files", "input": {}}]}
+    script = {"turns": [turn] * TURNS + [{"text": "done"}]}
+    env = stack_env(bench, 10)
+    cli = [PY, "-m", "orchestrator.cli"]
+    worker = [PY, "-m", "bench.noop", "1", "prefork"]  # the fs tools, and a no-op (unused)
+    with (
+        process([*cli, "orchestrator", "--log-level", "warning"], env) as orch,
+        process(worker, env),
+    ):
+        wait_for(bench.workers_ready("fs", 1))
+        wait_for(lambda: orchestrators(bench) >= 1)
+        spec = JobSpec(prompt="turns", script=script, workspace=workspace, max_iterations=TURNS + 1)
+        with profiled(orch.pid):
+            (job_id,) = submit_many(bench, [spec])
+            wait_for(lambda: status(bench, job_id) in FINAL_STATUSES, timeout=600)
+        if status(bench, job_id) != "completed":
+            raise RuntimeError(f"(i)'s job ended {status(bench, job_id)}")
+    started: list[float] = []
+    before, calls, after = [], [], []  # within a turn: start → queued → finished → next start
+    queued = finished = 0.0
+    for _, fields in bench.redis.xrange(keys.events(job_id)):
+        event = json.loads(fields[b"e"])
+        if event["type"] == "turn_started":
+            if finished:
+                after.append(event["at"] - finished)
+            started.append(event["at"])
+        elif event["type"] == "tool_call_queued":
+            queued = event["at"]
+            before.append(queued - started[-1])
+        elif event["type"] == "tool_call_finished":
+            finished = event["at"]
+            calls.append(finished - queued)
+    turns = [b - a for a, b in itertools.pairwise(started)][10:]  # the first ten warm up
+    return {
+        "turn_ms": statistics.median(turns) * 1e3,
+        "turn_p99_ms": sorted(turns)[int(0.99 * len(turns))] * 1e3,
+        "before_ms": statistics.median(before[10:]) * 1e3,
+        "call_ms": statistics.median(calls[10:]) * 1e3,
+        "after_ms": statistics.median(after[10:]) * 1e3,
+        "turns": len(turns),
+    }
+
+
+def bare_round_trip(bench: Any, process: Any, wait_for: Any) -> float:
+    """Bare Celery `delay().get()` of a no-op, p50 ms (prefork, -c 1)."""
+    os.environ["BENCH_REDIS_URL"] = bench.redis_url
+    from bench.bare import app, noop
+
+    args = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork", "-c", "1"]
+    args += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"]
+    with process([*args, "-Q", "celery"], bench.env):
+        wait_for(lambda: bool(app.control.ping(timeout=0.5)))
+        for _ in range(50):
+            noop.delay().get(timeout=30)
+        times = []
+        for _ in range(ROUND_TRIPS):
+            begun = time.perf_counter()
+            if noop.delay().get(timeout=30) != "ok":
+                raise RuntimeError("bare Celery's no-op failed")
+            times.append(time.perf_counter() - begun)
+    return statistics.median(times) * 1e3
+
+
+# -- (j) and (k): many jobs ---------------------------------------------------------------
+
+
+def many_script() -> dict[str, Any]:
+    turns = [
+        {"tool_calls": [{"id": f"c{n}", "name": "read_file", "input": {"path": "notes.txt"}}]}
+        for n in range(3)
+    ]
+    return {"turns": [*turns, {"text": "done"}]}
+
+
+@contextlib.contextmanager
+def profiled(pid: int) -> Iterator[None]:
+    """py-spy's collapsed stacks of `pid` while the block runs (BENCH_PROFILE=DIR)."""
+    folder = os.environ.get("BENCH_PROFILE")
+    if not folder:
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, f"orchestrator-{pid}.txt")
+    spy = os.path.join(os.path.dirname(PY), "py-spy")
+    args = [spy, "record", "-p", str(pid), "-f", "raw", "-o", out, "-r", "250", "--nonblocking"]
+    recorder = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        recorder.send_signal(2)  # py-spy writes its file on SIGINT
+        recorder.wait(30)
+
+
+def many_jobs(
+    bench: Any, process: Any, wait_for: Any, jobs: int, n_orchestrators: int
+) -> dict[str, float]:
+    workspace = tempfile.mkdtemp(prefix="clawq-bench-")
+    with open(os.path.join(workspace, "notes.txt"), "w") as fh:
+        fh.write("a\nb\n")
+    env = stack_env(bench, jobs)
+    cli = [PY, "-m", "orchestrator.cli"]
+    worker = [*cli, "worker", "--group", "fs", "--concurrency", str(FS_WORKERS)]
+    with contextlib.ExitStack() as stack:
+        orchs = [
+            stack.enter_context(process([*cli, "orchestrator", "--log-level", "warning"], env))
+            for _ in range(n_orchestrators)
+        ]
+        fs = stack.enter_context(process([*worker, "--log-level", "warning"], env))
+        wait_for(bench.workers_ready("fs", FS_WORKERS))
+        wait_for(lambda: orchestrators(bench) >= n_orchestrators)
+        time.sleep(1.0)  # let start-up work settle before the clock starts
+        spec = JobSpec(prompt="bench", script=many_script(), workspace=workspace)
+        specs = [spec] * jobs
+        cpu_before = [tree_cpu([p.pid]) for p in orchs], tree_cpu([fs.pid]), machine_cpu()
+        started = time.perf_counter()
+        with profiled(orchs[0].pid) if n_orchestrators == 1 else contextlib.nullcontext():
+            submit_many(bench, specs)
+            submitted = time.perf_counter() - started
+            highest = 0
+            with psycopg.connect(bench.database_url, autocommit=True) as conn:
+
+                def count(where: str) -> int:
+                    row = conn.execute(f"SELECT count(*) FROM jobs WHERE {where}").fetchone()
+                    return int(row[0]) if row else 0
+
+                def done() -> bool:  # both counts read only the index of unfinished jobs
+                    nonlocal highest
+                    highest = max(highest, count("status = 'running'"))
+                    return count("status IN ('queued', 'running')") == 0
+
+                wait_for(done, timeout=3600)
+                wall = time.perf_counter() - started
+                turns = conn.execute("SELECT sum(iterations) FROM jobs").fetchone()
+                bad = count("status <> 'completed'")
+        orch_cpu = sum(tree_cpu([p.pid]) - b for p, b in zip(orchs, cpu_before[0], strict=True))
+        fs_cpu = tree_cpu([fs.pid]) - cpu_before[1]
+        all_cpu = machine_cpu() - cpu_before[2]
+        rss = max(peak_rss_mb(p.pid) for p in orchs)
+    n_turns = int(turns[0]) if turns and turns[0] else 0
+    return {
+        "jobs": jobs,
+        "failed": bad,
+        "submit_s": submitted,
+        "wall_s": wall,
+        "turns": n_turns,
+        "turns_per_s": n_turns / wall,
+        "highest": highest,
+        "rss_mb": rss,
+        "orch_cpu": orch_cpu / wall,
+        "fs_cpu": fs_cpu / wall,
+        "other_cpu": (all_cpu - orch_cpu - fs_cpu) / wall,
+    }
+
+
+def reset(bench: Any) -> None:
+    """An empty ledger and job table between runs (the bench's own db and schema)."""
+    with psycopg.connect(bench.database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs, sessions, messages, tool_calls CASCADE")
+    bench.redis.flushdb()
+    bench.redis.set("clawq:bench:owner", "1")
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+def run(
+    console: Console, bench: Any, process: Any, wait_for: Callable[..., None], parts: str = "ijk"
+) -> None:
+    """The sections named in `parts` ("i": one turn; "jk": many jobs, one and two
+    orchestrators)."""
+    if "i" in parts:
+        turn(console, bench, process, wait_for)
+    if "j" in parts or "k" in parts:
+        many(console, bench, process, wait_for)
+
+
+def turn(console: Console, bench: Any, process: Any, wait_for: Callable[..., None]) -> None:
+    i = one_turn(bench, process, wait_for)
+    bare = bare_round_trip(bench, process, wait_for)
+    table = Table(title=f"(i) a turn with one list_files call, end to end ({i['turns']:.0f} turns)")
+    for col in ("path", "p50 ms", "vs bare Celery"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        f"clawq turn (p99 {i['turn_p99_ms']:.2f}; start→queued {i['before_ms']:.2f}, "
+        f"queued→finished {i['call_ms']:.2f}, finished→next start {i['after_ms']:.2f})",
+        f"{i['turn_ms']:.2f}",
+        f"{i['turn_ms'] / bare:.2f}x",
+    )
+    table.add_row("bare Celery delay().get() of a no-op", f"{bare:.2f}", "1.00x")
+    console.print(table)
+
+
+def many(console: Console, bench: Any, process: Any, wait_for: Callable[..., None]) -> None:
+    reset(bench)
+    j = many_jobs(bench, process, wait_for, HOT_JOBS, 1)
+    reset(bench)
+    k = many_jobs(bench, process, wait_for, SCALE_JOBS, 2)
+    reset(bench)
+    j_scale = j if SCALE_JOBS == HOT_JOBS else many_jobs(bench, process, wait_for, SCALE_JOBS, 1)
+    table = Table(
+        title=f"(j)/(k) scripted jobs submitted at once (3 turns with a read_file, then an "
+        f"answer); {FS_WORKERS} fs worker processes; {_cores()} cores"
+    )
+    for col in (
+        "orchestrators",
+        "jobs",
+        "not completed",
+        "wall s",
+        "turns/s",
+        "most running at once",
+        "peak RSS MB (per orchestrator)",
+        "CPU cores: orchestrators / fs workers / rest",
+        "turns per orchestrator CPU-s",
+        "efficiency vs linear",
+    ):
+        table.add_column(col, justify="right")
+    rows = [(1, j, 1.0)]
+    if j_scale is not j:
+        rows.append((1, j_scale, 1.0))
+    rows.append((2, k, k["turns_per_s"] / (2 * j_scale["turns_per_s"])))
+    for n, r, eff in rows:
+        table.add_row(
+            str(n),
+            f"{r['jobs']:.0f}",
+            f"{r['failed']:.0f}",
+            f"{r['wall_s']:.1f}",
+            f"{r['turns_per_s']:.0f}",
+            f"{r['highest']:.0f}",
+            f"{r['rss_mb']:.0f}",
+            f"{r['orch_cpu']:.2f} / {r['fs_cpu']:.2f} / {r['other_cpu']:.2f}",
+            f"{r['turns_per_s'] / r['orch_cpu']:.0f}",
+            f"{eff:.2f}",
+        )
+    console.print(table)

@@ -1,0 +1,84 @@
+"""Tree-wide budgets through a real stack: a turn limit stops a job before the model is
+asked again; a token budget shared by a parent and its subagent (tokens as the scripted
+model reports them, as a provider would) ends the parent `budget_exceeded` and cancels its
+child; the usage is in the JobResult."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from start_cluster(groups=("fs", "runtime", "sessions"))
+
+
+def listing(n: int) -> dict[str, object]:
+    return {"tool_calls": [call(f"l{n}", "list_files", path=".")]}
+
+
+def test_a_turn_budget_stops_before_the_next_model_turn(cluster: Cluster, workspace: Path) -> None:
+    job = cluster.client.submit(
+        "loop",
+        workspace=str(workspace),
+        budget={"turns": 2},
+        script=script(listing(1), listing(2), listing(3), {"text": "never reached"}),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "budget_exceeded", result
+    assert "budget of model turns" in result.error
+    assert len(result.tool_calls) == 2  # the third turn was never asked for
+    assert result.usage is not None and result.usage.turns == 3  # the refused one counted
+    assert any(e.type == "budget_exceeded" for e in job.events())
+
+
+def test_a_tree_over_its_token_budget_ends_and_its_child_is_cancelled(
+    cluster: Cluster, workspace: Path
+) -> None:
+    usage = {"input": 40, "output": 10}
+    child = {
+        "turns": [
+            {
+                "usage": usage,
+                "tool_calls": [call(f"c{n}", "exec", command="sleep 1")],
+            }
+            for n in range(30)
+        ]
+        + [{"text": "child done"}]
+    }
+    parent = cluster.client.submit(
+        "spend",
+        workspace=str(workspace),
+        allow=["exec"],
+        budget={"tokens": 400},
+        script={
+            "turns": [
+                {"usage": usage, "tool_calls": [call("s", "spawn", task="work", label="w")]},
+                *[
+                    {"usage": usage, "tool_calls": [call(f"p{n}", "exec", command="sleep 1")]}
+                    for n in range(30)
+                ],
+                {"text": "parent done"},
+            ],
+            "subagents": {"w": child},
+        },
+    )
+    result = parent.wait(timeout=120)
+    assert result.status == "budget_exceeded", result
+    assert "budget of tokens" in result.error
+    assert result.usage is not None and result.usage.tokens > 400
+    assert result.usage.tokens <= 400 + 2 * 50  # at most one reply of each job over it
+    wait_until(
+        lambda: (
+            parent.subagents() and parent.subagents()[0].status in ("cancelled", "budget_exceeded")
+        ),
+        60,
+        "the child stopped",
+    )
+    (kid,) = parent.subagents()
+    assert kid.status in ("cancelled", "budget_exceeded")
