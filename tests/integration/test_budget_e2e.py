@@ -82,3 +82,56 @@ def test_a_tree_over_its_token_budget_ends_and_its_child_is_cancelled(
     )
     (kid,) = parent.subagents()
     assert kid.status in ("cancelled", "budget_exceeded")
+
+
+@pytest.fixture(scope="module")
+def two() -> Iterator[Cluster]:
+    yield from start_cluster(
+        groups=("fs", "runtime", "sessions"), orchestrators=2, max_concurrent_subagents=8
+    )
+
+
+def test_a_ten_turn_budget_holds_for_a_tree_across_two_orchestrators(
+    two: Cluster, workspace: Path
+) -> None:
+    """A parent and two children that would each take 30 turns: the tree is asked for
+    exactly 10 model turns in all, then every job of it ends and nothing is left running."""
+    busy = {
+        "turns": [{"tool_calls": [call(f"x{n}", "exec", command="sleep 0.2")]} for n in range(30)]
+        + [{"text": "finished"}]
+    }
+    parent = two.client.submit(
+        "fan out",
+        workspace=str(workspace),
+        allow=["exec"],
+        budget={"turns": 10},
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        call("a", "spawn", task="one", label="a"),
+                        call("b", "spawn", task="two", label="b"),
+                    ]
+                },
+                *busy["turns"],
+            ],
+            "subagents": {"*": busy},
+        },
+    )
+    result = parent.wait(timeout=120)
+    assert result.status == "budget_exceeded", result
+    wait_until(
+        lambda: (
+            len(parent.subagents()) == 2
+            and all(k.status in ("cancelled", "budget_exceeded") for k in parent.subagents())
+        ),
+        60,
+        "every child stopped",
+    )
+    rows = two.client.store.conn.execute(
+        "SELECT id, status, iterations, orchestrator FROM jobs WHERE id = %s OR root_id = %s",
+        (parent.id, parent.id),
+    ).fetchall()
+    assert len(rows) == 3
+    # model turns asked, tree-wide, whichever of the two orchestrators ran each job
+    assert sum(r["iterations"] for r in rows) == 10, rows
