@@ -72,6 +72,9 @@ def docker_url() -> str:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        # not the checkout's directory: the service outlives this run, and once a clone it
+        # was started in is deleted, runc fails in it ("write child: broken pipe")
+        cwd="/",
     )
     for _ in range(100):
         if _reachable(url):

@@ -21,8 +21,10 @@ from tests.integration.conftest import Cluster, start_cluster, wait_until
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
+    # the default TTL: with 2 s, a loaded machine once let a live worker's heartbeat lapse,
+    # its call was sent again as the failure detector must, and both runs wrote
     yield from start_cluster(
-        workers_per_group=2, heartbeat_interval_s=0.5, heartbeat_ttl_s=2, max_deliveries=2
+        workers_per_group=2, heartbeat_interval_s=0.5, heartbeat_ttl_s=4, max_deliveries=2
     )
 
 

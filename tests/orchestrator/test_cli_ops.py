@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -68,7 +69,10 @@ def test_ready_when_redis_and_a_migrated_postgres_answer(isolated: Isolated) -> 
     for args in (["orchestrator"], ["worker", "--group", "fs"]):
         done = health(isolated.env(), *args, "--probe", "ready")
         assert done.exit_code == 0, done.output
-        assert done.stdout.startswith("ok: redis 127.0.0.1:6379; postgresql 127.0.0.1:5432")
+        redis_at, pg_at = urlsplit(isolated.redis_url).netloc, urlsplit(isolated.database_url)
+        assert done.stdout.startswith(
+            f"ok: redis {redis_at}; postgresql {pg_at.netloc.split('@')[-1]}"
+        )
         assert f"(schema at {latest})" in done.stdout
         assert done.stderr == ""
 
