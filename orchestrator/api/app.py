@@ -12,7 +12,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -84,6 +84,13 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse(
             ApiError(exc.status_code, code, str(exc.detail)).body(), status_code=exc.status_code
         )
+
+    @app.get("/metrics", tags=["operations"], include_in_schema=False)
+    async def prometheus() -> Response:
+        """This process's metrics (its Python runtime's), for Prometheus."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

@@ -395,3 +395,10 @@ def test_env_secrets_are_sealed_and_redacted(
     (only,) = job.wait(timeout=60).tool_calls
     assert not only.is_error and only.output.startswith("token is [REDACTED]"), only.output
     assert secret not in json.dumps([e.model_dump() for e in job.events()])
+
+
+def test_the_api_process_serves_its_metrics(api: str) -> None:
+    response = http(api, None).get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert "process_cpu_seconds_total" in response.text  # this process's runtime
