@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -68,12 +69,16 @@ class _Metrics:
 
 
 _metrics: _Metrics | None = None
+_lock = threading.Lock()
 
 
 def metrics() -> _Metrics:
+    """This process's metrics, made once (threads of a worker may ask at the same time)."""
     global _metrics
     if _metrics is None:
-        _metrics = _Metrics()
+        with _lock:
+            if _metrics is None:
+                _metrics = _Metrics()
     return _metrics
 
 

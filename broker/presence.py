@@ -8,6 +8,7 @@ refreshes `clawq:proc:<id>` and anyone can check whether an owner is still alive
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -17,6 +18,9 @@ from typing import Any
 import redis
 
 from broker import keys
+
+
+log = logging.getLogger("clawq.presence")
 
 
 def process_id(kind: str, node: str | None = None) -> str:
@@ -37,7 +41,14 @@ class Heartbeat:
         node: str | None = None,
         also: tuple[str, ...] = (),
     ) -> None:
-        self.client = client
+        # its own connections, with a timeout: a beat stuck behind a slow read would let
+        # the key expire while the process is alive
+        pool = client.connection_pool
+        kwargs = {**pool.connection_kwargs}
+        kwargs["socket_timeout"] = kwargs["socket_connect_timeout"] = max(1.0, ttl_s / 4)
+        self.client = redis.Redis(
+            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        )
         self.proc_id = proc_id
         self.info = {
             **info,
@@ -72,8 +83,9 @@ class Heartbeat:
         while not self.stopped.wait(self.interval_s):
             try:
                 self.beat()
-            except redis.RedisError:
-                continue  # a blip: the next beat retries before the key expires
+            except Exception as exc:  # never let the thread die: a silent heartbeat reads
+                # as a dead process, and its calls would be run a second time elsewhere
+                log.warning("heartbeat of %s failed (%s); retrying", self.proc_id, exc)
 
 
 def live_processes(client: redis.Redis) -> list[dict[str, Any]]:

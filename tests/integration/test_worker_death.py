@@ -64,8 +64,9 @@ def exec_job(cluster: Cluster, workspace: Path, command: str) -> Job:
 
 
 def test_killed_executor_process_is_redelivered(cluster: Cluster, workspace: Path) -> None:
-    # long enough that a starved test process still kills it before the command ends
-    job = exec_job(cluster, workspace, "sleep 4; echo finished >> runs.txt; echo finished")
+    # long enough that a starved test process still kills it before the command ends (a
+    # loaded CI machine once took 4 s from seeing it run to the kill)
+    job = exec_job(cluster, workspace, "sleep 8; echo finished >> runs.txt; echo finished")
     os.kill(running_pid(cluster, job), signal.SIGKILL)
     result = job.wait(timeout=60)
     assert result.status == "completed"
