@@ -19,7 +19,6 @@ import redis
 
 from broker import keys
 
-
 log = logging.getLogger("clawq.presence")
 
 
