@@ -36,23 +36,11 @@ end
 return out
 """
 
-# KEYS: the queue, a taker's list, the takers set, the taker's presence key; ARGV: its id.
-# A taker that is not alive gives back what it took (to be taken next).
-RESTORE = """
-if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
-local n = 0
-while true do
-  local m = redis.call('RPOP', KEYS[2])
-  if not m then break end
-  redis.call('RPUSH', KEYS[1], m)
-  n = n + 1
-end
-redis.call('SREM', KEYS[3], ARGV[1])
-return n
-"""
-
-# The same, for a taker giving back its own list as it stops.
+# KEYS: the queue, a taker's list, the takers set and, for another taker, its presence key;
+# ARGV: its id. The taker's list goes back on the queue (to be taken next), unless the
+# presence key is given and the taker is alive (-1). A stopping taker gives its own.
 GIVE_BACK = """
+if #KEYS == 4 and redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
 local n = 0
 while true do
   local m = redis.call('RPOP', KEYS[2])
@@ -157,7 +145,7 @@ class AgentQueue:
             if taker == self.taker:
                 continue
             n = await self.client.eval(
-                RESTORE,
+                GIVE_BACK,
                 4,
                 self.queue,
                 keys.agents_taken(taker),
