@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,43 +68,43 @@ def sentences(text: str) -> list[str]:
     return found
 
 
-def _words(sentence: str, max_chars: int) -> list[str]:
-    """A sentence longer than `max_chars` in parts cut between words (a longer word inside)."""
-    parts, current = [], ""
-    for word in sentence.split():
-        while len(word) > max_chars:
-            if current:
-                parts.append(current)
-                current = ""
-            parts.append(word[:max_chars])
-            word = word[max_chars:]
-        if not word:
-            continue
-        joined = f"{current} {word}" if current else word
+def _pack(pieces: Iterable[str], max_chars: int) -> list[str]:
+    """Pieces of at most `max_chars`, joined by spaces into as few chunks as fit."""
+    chunks, current = [], ""
+    for piece in pieces:
+        joined = f"{current} {piece}" if current else piece
         if len(joined) <= max_chars:
             current = joined
         else:
-            parts.append(current)
-            current = word
+            chunks.append(current)
+            current = piece
     if current:
-        parts.append(current)
-    return parts
+        chunks.append(current)
+    return chunks
+
+
+def _words(sentence: str, max_chars: int) -> list[str]:
+    """A sentence longer than `max_chars` in parts cut between words (a longer word inside)."""
+    pieces = []
+    for word in sentence.split():
+        while len(word) > max_chars:
+            pieces.append(word[:max_chars])
+            word = word[max_chars:]
+        if word:
+            pieces.append(word)
+    return _pack(pieces, max_chars)
 
 
 def split_text(text: str, max_chars: int) -> list[str]:
     """The requests for `text`: whole sentences packed up to `max_chars` characters each."""
-    chunks, current = [], ""
-    for sentence in sentences(text):
-        for part in [sentence] if len(sentence) <= max_chars else _words(sentence, max_chars):
-            joined = f"{current} {part}" if current else part
-            if len(joined) <= max_chars:
-                current = joined
-            else:
-                chunks.append(current)
-                current = part
-    if current:
-        chunks.append(current)
-    return chunks
+    return _pack(
+        (
+            part
+            for sentence in sentences(text)
+            for part in ([sentence] if len(sentence) <= max_chars else _words(sentence, max_chars))
+        ),
+        max_chars,
+    )
 
 
 def voice_for(setting: str, provider: str) -> str:
