@@ -76,6 +76,7 @@ class Services:
     announcements: AnnounceQueue  # synchronous (shared with workers): call it in a thread
     custom: CustomCatalog
     live: Any = None  # orchestrator.live.LiveSettings: swaps settings/policy/hooks/limiter
+    budget: Budget | None = None  # made on the first charge (its script's hash, once)
 
 
 class JobCancelled(Exception):
@@ -299,7 +300,9 @@ class JobRun:
             if usage
             else 0.0
         )
-        used = await Budget(self.s.redis).charge(
+        if self.s.budget is None:
+            self.s.budget = Budget(self.s.redis)
+        used = await self.s.budget.charge(
             self.spec.root_id or self.job_id, limits, turns, tokens, cost
         )
         if not used.over:
