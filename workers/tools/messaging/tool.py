@@ -79,8 +79,8 @@ class Message(Tool[MessageInput]):
         chan = channel(name, s)
         origin = name == ctx.context.channel and bool(ctx.context.channel)
         target = args.target or (ctx.context.chat_id if origin else chan.config.default_target)
-        own = (origin and target == ctx.context.chat_id) or target == chan.config.default_target
         to_origin = origin and target == ctx.context.chat_id
+        own = to_origin or target == chan.config.default_target
         if len(args.text) > s.message_max_chars:
             raise ToolError(
                 f"text is {len(args.text)} characters; the cap is {s.message_max_chars}"
