@@ -110,15 +110,14 @@ class ContextFileStore:
         )
         return self.version(agent_id, user_id, name)
 
-    def listing(self, agent_id: str, user_id: str) -> list[ContextFile]:
-        """Every file of the agent and of this user (the user's first for a name)."""
+    def names(self, agent_id: str, user_id: str) -> list[str]:
+        """The names of the files the agent and this user have (a listing reads no content)."""
         rows = self.conn.execute(
-            "SELECT DISTINCT ON (name) agent_id, user_id, name, content, version"
-            " FROM context_files WHERE agent_id = %s AND user_id IN (%s, '')"
-            " ORDER BY name, user_id = '' ",
+            "SELECT DISTINCT name FROM context_files WHERE agent_id = %s AND user_id IN (%s, '')"
+            " ORDER BY name",
             (agent_id, user_id),
         ).fetchall()
-        return [ContextFile.model_validate(r) for r in rows]
+        return [r["name"] for r in rows]
 
     def all_of(self, agent_id: str) -> list[ContextFile]:
         rows = self.conn.execute(

@@ -3,7 +3,8 @@
 Each call has a hash keyed by job and call id. A worker `begin`s a call before running it
 and `finish`es it after; both are single Lua scripts, so two deliveries of the same call
 can never both run it while its first runner is alive, and the outcome is recorded and
-pushed to the waiting orchestrator in one atomic step.
+pushed to the waiting orchestrator in one atomic step. `begin` also reads the call's
+cancel flags, so a call revoked while it waited is refused without a round trip of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 if n > tonumber(ARGV[2]) then return {'exhausted', tostring(n - 1)} end
 redis.call('HSET', KEYS[1], 'status', 'running', 'proc', ARGV[1], 'started_at', ARGV[4])
-return {'run', tostring(n)}
+local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
+return {'run', tostring(n), cancelled}
 """
 
 FINISH = """
@@ -47,6 +49,7 @@ Verdict = Literal["run", "done", "busy", "exhausted"]
 class Begin:
     verdict: Verdict
     detail: str  # attempt number, stored outcome JSON, or the busy owner
+    cancelled: str = ""  # with "run": why the call must not run (its job or it was revoked)
 
 
 class Ledger:
@@ -61,11 +64,16 @@ class Ledger:
     def begin(
         self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
     ) -> Begin:
-        verdict, detail = self._begin(
-            keys=[keys.call(job_id, turn, call_id)],
+        found = self._begin(
+            keys=[
+                keys.call(job_id, turn, call_id),
+                keys.cancel(job_id),
+                keys.cancel_call(job_id, turn, call_id),
+            ],
             args=[proc_id, max_deliveries, self.ttl_s, now, keys.PROC_PREFIX],
         )
-        return Begin(verdict.decode(), detail.decode() if detail else "")
+        verdict, detail, *rest = (v.decode() if v else "" for v in found)
+        return Begin(verdict, detail, rest[0] if rest else "")  # type: ignore[arg-type]
 
     def finish(
         self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str

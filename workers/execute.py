@@ -182,7 +182,7 @@ class WorkerRuntime:
                 {"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
                 parent=envelope.trace,
             ):
-                result = self.execute(envelope)
+                result = self.execute(envelope, begun.cancelled)
         m.calls.labels(envelope.tool, "error" if result.is_error else "ok").inc()
         m.call_seconds.labels(envelope.tool).observe(time.time() - started)
         outcome = CallOutcome(
@@ -232,12 +232,14 @@ class WorkerRuntime:
         except Exception as exc:
             log.error("dead letter for an undecodable %s not stored: %s", task, exc)
 
-    def execute(self, envelope: CallEnvelope) -> ToolResult:
+    def execute(self, envelope: CallEnvelope, revoked: str = "") -> ToolResult:
+        """Run the tool unless it expired or was revoked (`revoked`: the cancel flag the
+        ledger's begin read) while it waited in the queue."""
         if time.time() > envelope.deadline:
             return ToolResult.error(f"{envelope.tool} expired in the queue before a worker took it")
+        if revoked:
+            return ToolResult.error(f"{envelope.tool} was not run: {revoked}", cancelled=True)
         cancelled = self.cancel_check(envelope)
-        if reason := cancelled():  # revoked while it waited in the queue
-            return ToolResult.error(f"{envelope.tool} was not run: {reason}", cancelled=True)
         ctx = ToolContext(
             context=envelope.context,
             settings=self.settings,

@@ -38,3 +38,13 @@ def test_dead_owner_is_taken_over_until_the_delivery_cap(client: redis.Redis) ->
     verdicts = [ledger.begin("job", 0, "c", f"dead{i}", 2, float(i)).verdict for i in range(3)]
     assert verdicts == ["run", "run", "exhausted"]
     assert client.ttl(keys.call("job", 0, "c")) > 0
+
+
+def test_begin_reads_the_cancel_flags_of_the_job_and_of_the_call(client: redis.Redis) -> None:
+    ledger = Ledger(client, ttl_s=60)
+    assert ledger.begin("job", 0, "c1", "w1", 3, 1.0).cancelled == ""
+    client.set(keys.cancel_call("job", 0, "c2"), "stopped by a steer")
+    assert ledger.begin("job", 0, "c2", "w1", 3, 1.0).cancelled == "stopped by a steer"
+    client.set(keys.cancel("job"), "job cancelled")
+    revoked = ledger.begin("job", 0, "c3", "w1", 3, 1.0)
+    assert (revoked.verdict, revoked.cancelled) == ("run", "job cancelled")

@@ -233,7 +233,7 @@ class ContextFiles:
         c = ctx.context
         with database("list", rel):
             store = ContextFileStore(_store(ctx))
-            return [f.name for f in store.listing(c.agent_id, c.user_id)]
+            return store.names(c.agent_id, c.user_id)
 
 
 class Memory:
