@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import redis
@@ -49,6 +50,7 @@ ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
 THROUGHPUT_CALLS = int(os.environ.get("BENCH_CALLS", "3000"))
 JOBS = int(os.environ.get("BENCH_JOBS", "1000"))
 SCALE_CALLS = int(os.environ.get("BENCH_SCALE_CALLS", "100"))  # per worker process
+ROUNDS = 3  # (a)'s alternating blocks of clawq, bare Celery and raw Redis round trips
 PY = sys.executable
 
 
@@ -154,84 +156,81 @@ class Bench:
             if outcome.is_error or outcome.for_llm != "ok":  # a failed call is not a data point
                 raise RuntimeError(f"bench call {i} failed: {outcome.for_llm}")
 
+        base = 1_000_000 * self._blocks  # call ids unique across blocks (the ledger's key)
+        self._blocks += 1
         for i in range(50):  # warm up
-            await checked(-1 - i)
+            await checked(base - 1 - i)
         times = []
         for i in range(n_sequential):
             started = time.perf_counter()
-            await checked(i)
+            await checked(base + i)
             times.append(time.perf_counter() - started)
         window = asyncio.Semaphore(200)
 
         async def one(i: int) -> None:
             async with window:
-                await checked(100_000 + i)
+                await checked(base + 100_000 + i)
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n_concurrent)))
-        return times, n_concurrent / (time.perf_counter() - started)
+        return times, n_concurrent / max(time.perf_counter() - started, 1e-9)
 
-    def clawq_path(self) -> tuple[list[float], float]:
-        with process(
-            [PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "prefork")], self.env
-        ):
-            wait_for(self.workers_ready("fs", 1))
-            return asyncio.run(self.clawq_calls(ROUND_TRIPS, THROUGHPUT_CALLS))
+    _blocks = 0
 
-    def bare_celery(self) -> tuple[list[float], float]:
+    def round_trips(self) -> dict[str, Any]:
+        """(a) and (b) on one stack: clawq's no-op worker, a bare Celery worker and a raw
+        echo all up; the sequential round trips in ROUNDS alternating blocks (the machine's
+        speed drifts within a run, and alternating makes the drift weigh on each alike),
+        then each path's throughput."""
         os.environ["BENCH_REDIS_URL"] = self.redis_url
         from bench.bare import app, noop
 
-        args = [
-            PY,
-            "-m",
-            "celery",
-            "-A",
-            "bench.bare",
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            "1",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "warning",
-            "-Q",
-            "celery",
-        ]
-        with process(args, self.env):
+        bare_worker = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork"]
+        bare_worker += ["-c", "1", "--without-gossip", "--without-mingle"]
+        bare_worker += ["--without-heartbeat", "-l", "warning", "-Q", "celery"]
+        clawq_worker = [PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "prefork")]
+        times: dict[str, list[float]] = {"clawq": [], "bare": [], "echo": []}
+
+        def bare_checked() -> None:
+            if (value := noop.delay().get(timeout=30)) != "ok":
+                raise RuntimeError(f"bare Celery returned {value!r}")
+
+        per_block = max(1, ROUND_TRIPS // ROUNDS)
+        with (
+            process(clawq_worker, self.env),
+            process(bare_worker, self.env),
+            process([PY, "-m", "bench.echo", self.redis_url], self.env),
+        ):
+            wait_for(self.workers_ready("fs", 1))
             wait_for(lambda: bool(app.control.ping(timeout=0.5)))
-
-            def checked(value: object) -> None:
-                if value != "ok":
-                    raise RuntimeError(f"bare Celery returned {value!r}")
-
             for _ in range(50):
-                checked(noop.delay().get(timeout=30))
-            times = []
-            for _ in range(ROUND_TRIPS):
-                started = time.perf_counter()
-                checked(noop.delay().get(timeout=30))
-                times.append(time.perf_counter() - started)
+                bare_checked()
+            for _ in range(ROUNDS):
+                times["clawq"] += asyncio.run(self.clawq_calls(per_block, 0))[0]
+                for _ in range(per_block):
+                    started = time.perf_counter()
+                    bare_checked()
+                    times["bare"].append(time.perf_counter() - started)
+                times["echo"] += self.raw_echo(per_block)
+            self.redis.lpush("bench:req", "stop")
+            clawq_rate = asyncio.run(self.clawq_calls(0, THROUGHPUT_CALLS))[1]
             started = time.perf_counter()
             pending = [noop.delay() for _ in range(THROUGHPUT_CALLS)]
             for result in pending:
-                checked(result.get(timeout=120))
-            rate = THROUGHPUT_CALLS / (time.perf_counter() - started)
-        return times, rate
+                if result.get(timeout=120) != "ok":
+                    raise RuntimeError("bare Celery's no-op failed")
+            bare_rate = THROUGHPUT_CALLS / (time.perf_counter() - started)
+        return {**times, "clawq_rate": clawq_rate, "bare_rate": bare_rate}
 
-    def raw_echo(self) -> list[float]:
-        with process([PY, "-m", "bench.echo", self.redis_url], self.env):
-            times = []
-            for i in range(ROUND_TRIPS + 50):
-                started = time.perf_counter()
-                self.redis.lpush("bench:req", i)
-                self.redis.brpop(["bench:resp"], timeout=10)
-                if i >= 50:
-                    times.append(time.perf_counter() - started)
-            self.redis.lpush("bench:req", "stop")
+    def raw_echo(self, n: int) -> list[float]:
+        """`n` LPUSH/BRPOP echoes through `bench.echo` (the floor: two processes, Redis)."""
+        times = []
+        for i in range(n + 5):
+            started = time.perf_counter()
+            self.redis.lpush("bench:req", i)
+            self.redis.brpop(["bench:resp"], timeout=10)
+            if i >= 5:
+                times.append(time.perf_counter() - started)
         return times
 
     # -- (d): horizontal scale of the runtime group -----------------------------------------
@@ -610,12 +609,13 @@ def ms(values: list[float], q: float) -> float:
 def calls(bench: Bench) -> None:
     """(a) and (b): a no-op call's round trip and calls per second, against bare Celery."""
     console.print(
-        f"(a)/(b): {ROUND_TRIPS} sequential no-op calls, then {THROUGHPUT_CALLS} "
-        "concurrent; one prefork worker process (-c 1) each"
+        f"(a)/(b): {ROUND_TRIPS} sequential no-op calls in {ROUNDS} blocks alternating with "
+        f"the baselines', then {THROUGHPUT_CALLS} concurrent; one prefork worker process "
+        "(-c 1) each"
     )
-    ours, our_rate = bench.clawq_path()
-    bare, bare_rate = bench.bare_celery()
-    echo = bench.raw_echo()
+    found = bench.round_trips()
+    ours, bare, echo = found["clawq"], found["bare"], found["echo"]
+    our_rate, bare_rate = found["clawq_rate"], found["bare_rate"]
     table = Table(title="(a) round trip of a no-op tool call")
     for col in ("path", "p50 ms", "p99 ms", "mean ms", "p50 vs bare Celery"):
         table.add_column(col, justify="right")

@@ -1,15 +1,21 @@
 """(i) to (k): the hot path of an agent turn, through the whole system.
 
-(i) one job of `BENCH_TURNS` turns, each with one `list_files` call, on one orchestrator and
-    one fs worker process (prefork, -c 1): the median time from one `turn_started` to the
-    next (model turn, transcript, gate, dispatch, worker, outcome, record), against bare
-    Celery `delay().get()` of a no-op task on the same kind of worker, in the same run;
+(i) `BENCH_TURNS` turns, each with one `list_files` call, on one orchestrator and one fs
+    worker process (prefork, -c 1): the median time from one `turn_started` to the next
+    (model turn, transcript, gate, dispatch, worker, outcome, record), against bare Celery
+    `delay().get()` of a no-op task on the same kind of worker, in the same run: three
+    jobs and three blocks of round trips, alternating;
 (j) `BENCH_HOT_JOBS` (10,000) scripted jobs submitted at once (3 turns with one read_file
     each, then an answer) on one orchestrator process allowed to run them all at once:
     model turns per second, the highest number running at once, the orchestrator's peak
     RSS, and the CPU each kind of process took;
 (k) the same load on 1 and then 2 orchestrator processes: the scaling efficiency
-    (rate with 2 / twice the rate with 1).
+    (rate with 2 / twice the rate with 1). Unheld, on a 2-core machine, one orchestrator
+    and the processes it keeps busy already fill the cores, so a second one has no CPU to
+    scale into. (k) is therefore also run with each orchestrator held to `BENCH_ORCH_CPU`
+    cores (a cgroup CPU quota, what a Kubernetes CPU limit sets): each process has a CPU of
+    its own, and what is measured is whether the shared parts (Redis, PostgreSQL, the
+    agents queue, the workers) let a second one add what the first adds.
 
 Jobs are submitted in bulk (the rows in one pipelined transaction, the agent runs in one
 Redis pipeline): the client's own cost is not the orchestrator's. `BENCH_PROFILE=DIR` runs
@@ -43,11 +49,14 @@ from broker.presence import live_processes
 from broker.publisher import task_message
 from broker.store import INSERT_JOB, INSERT_SESSION
 
-TURNS = int(os.environ.get("BENCH_TURNS", "300"))
-ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
+TURNS = int(os.environ.get("BENCH_TURNS", "300")) // 3  # per block of (i)
+ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000")) // 3  # per block of (i)
+ROUNDS = 3  # (i)'s alternating blocks of clawq turns and bare Celery round trips
 HOT_JOBS = int(os.environ.get("BENCH_HOT_JOBS", "10000"))
 SCALE_JOBS = int(os.environ.get("BENCH_SCALE_JOBS", str(HOT_JOBS)))
 FS_WORKERS = int(os.environ.get("BENCH_FS_WORKERS", "3"))
+HELD_CPU = float(os.environ.get("BENCH_ORCH_CPU", "0.35"))  # cores per held orchestrator
+HELD_JOBS = int(os.environ.get("BENCH_HELD_JOBS", "4000"))
 PY = sys.executable
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -94,6 +103,40 @@ def machine_cpu() -> float:
 def peak_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
+
+
+@contextlib.contextmanager
+def cpu_held(pids: list[int], cores: float) -> Iterator[None]:
+    """Hold each process to `cores` CPUs with a cgroup (v1 `cpu` or v2) CFS quota of its
+    own; raises OSError where cgroups cannot be written."""
+    period = 100_000
+    quota = int(cores * period)
+    v1 = "/sys/fs/cgroup/cpu"
+    made = []
+    try:
+        for pid in pids:
+            if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+                group = os.path.join(v1, f"clawq-bench-{pid}")
+                os.makedirs(group, exist_ok=True)
+                made.append(group)
+                _write(os.path.join(group, "cpu.cfs_period_us"), str(period))
+                _write(os.path.join(group, "cpu.cfs_quota_us"), str(quota))
+            else:
+                group = f"/sys/fs/cgroup/clawq-bench-{pid}"
+                os.makedirs(group, exist_ok=True)
+                made.append(group)
+                _write(os.path.join(group, "cpu.max"), f"{quota} {period}")
+            _write(os.path.join(group, "cgroup.procs"), str(pid))
+        yield
+    finally:
+        for group in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(group)  # empty once its process has exited
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
 
 
 # -- submitting in bulk -------------------------------------------------------------------
@@ -145,29 +188,19 @@ def orchestrators(bench: Any) -> int:
 # -- (i) a turn with one call ---------------------------------------------------------------
 
 
-def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
-    workspace = tempfile.mkdtemp(prefix="clawq-bench-")
-    with open(os.path.join(workspace, "notes.txt"), "w") as fh:
-        fh.write("a\nb\n")
+def one_job(bench: Any, wait_for: Any, workspace: str) -> dict[str, list[float]]:
+    """One job of TURNS turns with a list_files call each, on the running stack: the time
+    from one `turn_started` to the next, and within a turn start → queued → finished → the
+    next start (the first ten turns warm up)."""
     turn = {"tool_calls": [{"id": "c", "name": "list_files", "input": {}}]}
     script = {"turns": [turn] * TURNS + [{"text": "done"}]}
-    env = stack_env(bench, 10)
-    cli = [PY, "-m", "orchestrator.cli"]
-    worker = [PY, "-m", "bench.noop", "1", "prefork"]  # the fs tools, and a no-op (unused)
-    with (
-        process([*cli, "orchestrator", "--log-level", "warning"], env) as orch,
-        process(worker, env),
-    ):
-        wait_for(bench.workers_ready("fs", 1))
-        wait_for(lambda: orchestrators(bench) >= 1)
-        spec = JobSpec(prompt="turns", script=script, workspace=workspace, max_iterations=TURNS + 1)
-        with profiled(orch.pid):
-            (job_id,) = submit_many(bench, [spec])
-            wait_for(lambda: status(bench, job_id) in FINAL_STATUSES, timeout=600)
-        if status(bench, job_id) != "completed":
-            raise RuntimeError(f"(i)'s job ended {status(bench, job_id)}")
+    spec = JobSpec(prompt="turns", script=script, workspace=workspace, max_iterations=TURNS + 1)
+    (job_id,) = submit_many(bench, [spec])
+    wait_for(lambda: status(bench, job_id) in FINAL_STATUSES, timeout=600)
+    if status(bench, job_id) != "completed":
+        raise RuntimeError(f"(i)'s job ended {status(bench, job_id)}")
     started: list[float] = []
-    before, calls, after = [], [], []  # within a turn: start → queued → finished → next start
+    before, calls, after = [], [], []
     queued = finished = 0.0
     for _, fields in bench.redis.xrange(keys.events(job_id)):
         event = json.loads(fields[b"e"])
@@ -181,35 +214,68 @@ def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
         elif event["type"] == "tool_call_finished":
             finished = event["at"]
             calls.append(finished - queued)
-    turns = [b - a for a, b in itertools.pairwise(started)][10:]  # the first ten warm up
     return {
-        "turn_ms": statistics.median(turns) * 1e3,
-        "turn_p99_ms": sorted(turns)[int(0.99 * len(turns))] * 1e3,
-        "before_ms": statistics.median(before[10:]) * 1e3,
-        "call_ms": statistics.median(calls[10:]) * 1e3,
-        "after_ms": statistics.median(after[10:]) * 1e3,
-        "turns": len(turns),
+        "turns": [b - a for a, b in itertools.pairwise(started)][10:],
+        "before": before[10:],
+        "calls": calls[10:],
+        "after": after[10:],
     }
 
 
-def bare_round_trip(bench: Any, process: Any, wait_for: Any) -> float:
-    """Bare Celery `delay().get()` of a no-op, p50 ms (prefork, -c 1)."""
+def bare_round_trips(app: Any, noop: Any) -> list[float]:
+    """ROUND_TRIPS bare Celery `delay().get()` of a no-op, in seconds."""
+    times = []
+    for _ in range(ROUND_TRIPS):
+        begun = time.perf_counter()
+        if noop.delay().get(timeout=30) != "ok":
+            raise RuntimeError("bare Celery's no-op failed")
+        times.append(time.perf_counter() - begun)
+    return times
+
+
+def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
+    """(i): clawq's turns and bare Celery's round trips, measured in alternating blocks
+    (ROUNDS of each) with both stacks up, so that the machine's drift during the run
+    (a shared VM's speed changes by half within minutes) weighs on both alike."""
+    workspace = tempfile.mkdtemp(prefix="clawq-bench-")
+    with open(os.path.join(workspace, "notes.txt"), "w") as fh:
+        fh.write("a\nb\n")
     os.environ["BENCH_REDIS_URL"] = bench.redis_url
     from bench.bare import app, noop
 
-    args = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork", "-c", "1"]
-    args += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"]
-    with process([*args, "-Q", "celery"], bench.env):
+    env = stack_env(bench, 10)
+    cli = [PY, "-m", "orchestrator.cli"]
+    worker = [PY, "-m", "bench.noop", "1", "prefork"]  # the fs tools, and a no-op (unused)
+    bare = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork", "-c", "1"]
+    bare += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"]
+    clawq: dict[str, list[float]] = {"turns": [], "before": [], "calls": [], "after": []}
+    bare_times: list[float] = []
+    with (
+        process([*cli, "orchestrator", "--log-level", "warning"], env) as orch,
+        process(worker, env),
+        process([*bare, "-Q", "celery"], bench.env),
+    ):
+        wait_for(bench.workers_ready("fs", 1))
+        wait_for(lambda: orchestrators(bench) >= 1)
         wait_for(lambda: bool(app.control.ping(timeout=0.5)))
         for _ in range(50):
             noop.delay().get(timeout=30)
-        times = []
-        for _ in range(ROUND_TRIPS):
-            begun = time.perf_counter()
-            if noop.delay().get(timeout=30) != "ok":
-                raise RuntimeError("bare Celery's no-op failed")
-            times.append(time.perf_counter() - begun)
-    return statistics.median(times) * 1e3
+        with profiled(orch.pid):
+            for _ in range(ROUNDS):
+                for name, values in one_job(bench, wait_for, workspace).items():
+                    clawq[name].extend(values)
+                bare_times.extend(bare_round_trips(app, noop))
+    turns = clawq["turns"]
+    return {
+        "turn_ms": statistics.median(turns) * 1e3,
+        "turn_p99_ms": sorted(turns)[int(0.99 * len(turns))] * 1e3,
+        "before_ms": statistics.median(clawq["before"]) * 1e3,
+        "call_ms": statistics.median(clawq["calls"]) * 1e3,
+        "after_ms": statistics.median(clawq["after"]) * 1e3,
+        "turns": len(turns),
+        "bare_ms": statistics.median(bare_times) * 1e3,
+        "round_trips": len(bare_times),
+    }
 
 
 # -- (j) and (k): many jobs ---------------------------------------------------------------
@@ -243,7 +309,12 @@ def profiled(pid: int) -> Iterator[None]:
 
 
 def many_jobs(
-    bench: Any, process: Any, wait_for: Any, jobs: int, n_orchestrators: int
+    bench: Any,
+    process: Any,
+    wait_for: Any,
+    jobs: int,
+    n_orchestrators: int,
+    held: float | None = None,
 ) -> dict[str, float]:
     workspace = tempfile.mkdtemp(prefix="clawq-bench-")
     with open(os.path.join(workspace, "notes.txt"), "w") as fh:
@@ -256,6 +327,8 @@ def many_jobs(
             stack.enter_context(process([*cli, "orchestrator", "--log-level", "warning"], env))
             for _ in range(n_orchestrators)
         ]
+        if held is not None:
+            stack.enter_context(cpu_held([p.pid for p in orchs], held))
         fs = stack.enter_context(process([*worker, "--log-level", "warning"], env))
         wait_for(bench.workers_ready("fs", FS_WORKERS))
         wait_for(lambda: orchestrators(bench) >= n_orchestrators)
@@ -328,8 +401,11 @@ def run(
 
 def turn(console: Console, bench: Any, process: Any, wait_for: Callable[..., None]) -> None:
     i = one_turn(bench, process, wait_for)
-    bare = bare_round_trip(bench, process, wait_for)
-    table = Table(title=f"(i) a turn with one list_files call, end to end ({i['turns']:.0f} turns)")
+    bare = i["bare_ms"]
+    table = Table(
+        title=f"(i) a turn with one list_files call, end to end ({i['turns']:.0f} turns and "
+        f"{i['round_trips']:.0f} bare round trips, in {ROUNDS} alternating blocks)"
+    )
     for col in ("path", "p50 ms", "vs bare Celery"):
         table.add_column(col, justify="right")
     table.add_row(
@@ -349,10 +425,33 @@ def many(console: Console, bench: Any, process: Any, wait_for: Callable[..., Non
     k = many_jobs(bench, process, wait_for, SCALE_JOBS, 2)
     reset(bench)
     j_scale = j if SCALE_JOBS == HOT_JOBS else many_jobs(bench, process, wait_for, SCALE_JOBS, 1)
-    table = Table(
-        title=f"(j)/(k) scripted jobs submitted at once (3 turns with a read_file, then an "
+    rows = [(1, j, 1.0)]
+    if j_scale is not j:
+        rows.append((1, j_scale, 1.0))
+    rows.append((2, k, k["turns_per_s"] / (2 * j_scale["turns_per_s"])))
+    title = (
+        f"(j)/(k) scripted jobs submitted at once (3 turns with a read_file, then an "
         f"answer); {FS_WORKERS} fs worker processes; {_cores()} cores"
     )
+    console.print(jobs_table(title, rows))
+    try:
+        reset(bench)
+        one = many_jobs(bench, process, wait_for, HELD_JOBS, 1, held=HELD_CPU)
+        reset(bench)
+        two = many_jobs(bench, process, wait_for, HELD_JOBS, 2, held=HELD_CPU)
+    except OSError as exc:
+        console.print(f"(k) held to {HELD_CPU:g} cores per orchestrator: not measured ({exc})")
+        return
+    title = (
+        f"(k) each orchestrator held to {HELD_CPU:g} cores (a cgroup CPU quota); "
+        f"{FS_WORKERS} fs worker processes; {_cores()} cores"
+    )
+    held_rows = [(1, one, 1.0), (2, two, two["turns_per_s"] / (2 * one["turns_per_s"]))]
+    console.print(jobs_table(title, held_rows))
+
+
+def jobs_table(title: str, rows: list[tuple[int, dict[str, float], float]]) -> Table:
+    table = Table(title=title)
     for col in (
         "orchestrators",
         "jobs",
@@ -366,10 +465,6 @@ def many(console: Console, bench: Any, process: Any, wait_for: Callable[..., Non
         "efficiency vs linear",
     ):
         table.add_column(col, justify="right")
-    rows = [(1, j, 1.0)]
-    if j_scale is not j:
-        rows.append((1, j_scale, 1.0))
-    rows.append((2, k, k["turns_per_s"] / (2 * j_scale["turns_per_s"])))
     for n, r, eff in rows:
         table.add_row(
             str(n),
@@ -383,4 +478,4 @@ def many(console: Console, bench: Any, process: Any, wait_for: Callable[..., Non
             f"{r['turns_per_s'] / r['orch_cpu']:.0f}",
             f"{eff:.2f}",
         )
-    console.print(table)
+    return table

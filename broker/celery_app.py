@@ -14,13 +14,28 @@ from broker.settings import Settings
 
 ANNOUNCE_RESULT_CHARS = 16_000  # of a child's final text, in its parent's conversation
 
+# Queues that carry tasks other than tool calls (the announce step of a subagent's graph,
+# memory indexing): their workers keep kombu's ack emulation, the only thing that would
+# bring such a task back if the whole worker died holding it.
+UNLEDGERED_QUEUES = frozenset({Group.sessions.value, Group.memory.value})
 
-def create_app(settings: Settings) -> Celery:
+
+def create_app(settings: Settings, ack_emulation: bool = True) -> Celery:
     """A Celery app on the settings' Redis, configured as DESIGN.md asks.
 
     JSON only; late acks that requeue when the executing process dies; prefetch 1 (tool
     calls are long and uneven); a visibility timeout above every hard limit; results are
     pushed by the tasks themselves, so Celery's result backend is unused.
+
+    `ack_emulation=False` is for workers of tool calls only. kombu's Redis transport
+    emulates acks with an `unacked` hash and index: one round trip before each task and
+    one after, and what a dead worker held comes back after the visibility timeout (an
+    hour). A tool call needs neither: the ledger records who runs it, and the dispatcher's
+    watchdog sends it again within seconds of that process's heartbeat stopping; a call
+    taken but not yet begun when its whole worker died is answered after the
+    schedule-to-start timeout, as it is with the emulation (whose hour comes later). A
+    prefork child's death still requeues its message (`reject_on_worker_lost`), and a
+    warm shutdown still gives back what it had not started.
     """
     app = Celery("clawq", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
@@ -43,7 +58,10 @@ def create_app(settings: Settings) -> Celery:
         worker_send_task_events=settings.task_events,
         task_send_sent_event=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "ack_emulation": ack_emulation,
+        },
         broker_pool_limit=16,
         task_default_queue="default",
         enable_utc=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from broker.celery_app import create_app
+from broker.celery_app import UNLEDGERED_QUEUES, create_app
 from broker.messages import Group
 from broker.settings import Settings
 from workers import confine
@@ -26,7 +26,7 @@ def run_worker(
     from broker import metrics
 
     metrics.prepare_worker(settings.metrics_dir)  # before prometheus_client is imported
-    app = create_app(settings)
+    app = create_app(settings, ack_emulation=group in UNLEDGERED_QUEUES)
     if group == Group.mcp.value:  # MCP tools come from the catalog, by exposed name
         from workers.tools.mcp import McpRegistry
 

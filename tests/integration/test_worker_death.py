@@ -67,7 +67,12 @@ def test_killed_executor_process_is_redelivered(cluster: Cluster, workspace: Pat
     # long enough that a starved test process still kills it before the command ends (a
     # loaded CI machine once took 4 s from seeing it run to the kill)
     job = exec_job(cluster, workspace, "sleep 8; echo finished >> runs.txt; echo finished")
-    os.kill(running_pid(cluster, job), signal.SIGKILL)
+    pid = running_pid(cluster, job)
+    with redis.Redis.from_url(cluster.iso.redis_url) as client:
+        # who holds the call is the ledger's to say: a tool queue keeps no kombu `unacked`
+        # entry (one round trip before and after every call), yet the call comes back
+        assert client.hlen("unacked") == 0
+    os.kill(pid, signal.SIGKILL)
     result = job.wait(timeout=60)
     assert result.status == "completed"
     (only,) = result.tool_calls
