@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     max_parallel_calls: int = Field(10, ge=1, description="concurrency-safe calls run at once")
     exec_error_cascade: bool = Field(True, description="a failed exec stops its batch siblings")
     steer_settle_s: float = Field(0.5, ge=0, description="pause between stopping and steering")
+    results_write_delay_s: float = Field(
+        0.5,
+        ge=0,
+        description="a turn's tool results wait up to this long to be written in one statement "
+        "with the model's next message (the ledger holds them meanwhile)",
+    )
     max_jobs_per_orchestrator: int = Field(2000, ge=1)
 
     # model providers

@@ -8,7 +8,7 @@ lock, so any number of processes may start at once.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
@@ -65,7 +65,7 @@ SELECT_MESSAGES = (
 # the assistant message with the calls it queues and the turn count; then the tool-result
 # message with its calls' outcomes.
 MESSAGE_CTE = (
-    "WITH m AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
+    " m AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
     " VALUES (%(session)s, %(seq)s, %(job)s, %(role)s, %(content)s)"
     " ON CONFLICT (session_id, seq) DO NOTHING)"
 )
@@ -76,21 +76,47 @@ CALLS_CTE = (
     " queue text) ON CONFLICT DO NOTHING)"
 )
 SET_ITERATIONS_TAIL = " UPDATE jobs SET iterations = %(iterations)s WHERE id = %(job)s"
-FINISH_CALLS_TAIL = (
-    " UPDATE tool_calls t SET status = 'done', is_error = o.is_error, for_llm = o.for_llm,"
-    " for_user = o.for_user, metadata = o.metadata, queue = coalesce(nullif(o.queue, ''),"
-    " t.queue), worker = o.worker, attempts = o.attempts, decision = o.decision,"
-    " decided_by = o.decided_by, decision_reason = o.decision_reason,"
-    " started_at = to_timestamp(nullif(o.started_at, 0)), finished_at = to_timestamp(o.finished_at)"
+# a turn's tool results: their message, and the ledger rows of its calls (the rows of one
+# turn, never those of the turn a statement with both inserts)
+RESULTS_CTES = (
+    " r AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
+    " VALUES (%(session)s, %(r_seq)s, %(job)s, 'tool', %(r_content)s)"
+    " ON CONFLICT (session_id, seq) DO NOTHING),"
+    " f AS (UPDATE tool_calls t SET status = 'done', is_error = o.is_error,"
+    " for_llm = o.for_llm, for_user = o.for_user, metadata = o.metadata,"
+    " queue = coalesce(nullif(o.queue, ''), t.queue), worker = o.worker,"
+    " attempts = o.attempts, decision = o.decision, decided_by = o.decided_by,"
+    " decision_reason = o.decision_reason, started_at = to_timestamp(nullif(o.started_at, 0)),"
+    " finished_at = to_timestamp(o.finished_at)"
     " FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(job_id text, turn int, call_id text,"
     " is_error bool, for_llm text, for_user text, metadata jsonb, queue text, worker text,"
     " attempts int, decision text, decided_by text, decision_reason text, started_at float8,"
     " finished_at float8)"
     # the turn's key as parameters: the plan is an index scan of the turn's calls, never a
     # scan of the table joined with the (unknown-sized) recordset
-    " WHERE t.job_id = %(job)s AND t.turn = %(turn)s AND t.call_id = o.call_id"
-    " AND o.job_id = t.job_id AND o.turn = t.turn"
+    " WHERE t.job_id = %(job)s AND t.turn = %(r_turn)s AND t.call_id = o.call_id"
+    " AND o.job_id = t.job_id AND o.turn = t.turn)"
 )
+
+
+class Results(NamedTuple):
+    """A turn's tool results as the transcript stores them: the tool message (at `seq`)
+    and the outcomes of its calls, in the model's order."""
+
+    seq: int
+    content: dict[str, Any]
+    outcomes: list[CallOutcome]
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "r_seq": self.seq,
+            "r_turn": self.outcomes[0].turn if self.outcomes else 0,
+            "r_content": Jsonb(self.content),
+            # the outcomes as pydantic writes them (a text parameter cast to jsonb)
+            "outcomes": "[" + ",".join(o.model_dump_json() for o in self.outcomes) + "]",
+        }
+
+
 # Accepting a job is one statement too: keep the rest of its task graph (from its first
 # delivery), start it unless it is final or a subagent (which needs its slot first), and
 # return it with its session's transcript.
@@ -400,8 +426,10 @@ class AsyncStore:
         turn: int = 0,
         calls: list[tuple[str, str, dict[str, Any], str]] | None = None,
         iterations: int | None = None,
+        results: Results | None = None,
     ) -> None:
-        """One transcript message, the calls it queues, and the turn count: one statement."""
+        """One transcript message, the calls it queues and the turn count, after the
+        previous turn's `results` if they are not stored yet: one statement."""
         params: dict[str, Any] = {
             "session": session_id,
             "seq": seq,
@@ -411,7 +439,11 @@ class AsyncStore:
             "turn": turn,
             "iterations": iterations,
         }
-        sql = MESSAGE_CTE
+        sql = "WITH"
+        if results is not None:
+            sql += RESULTS_CTES + ","
+            params.update(results.params())
+        sql += MESSAGE_CTE
         if calls:
             sql += CALLS_CTE
             params["calls"] = Jsonb(
@@ -424,28 +456,11 @@ class AsyncStore:
         async with self.pool.connection() as conn:
             await conn.execute(sql, params)
 
-    async def record_outcomes(
-        self,
-        session_id: str,
-        job_id: str,
-        seq: int,
-        content: dict[str, Any],
-        outcomes: list[CallOutcome],
-    ) -> None:
-        """The tool-result message and the ledger rows of its calls (of one turn): one
-        statement."""
-        params: dict[str, Any] = {
-            "session": session_id,
-            "seq": seq,
-            "job": job_id,
-            "turn": outcomes[0].turn if outcomes else 0,
-            "role": "tool",
-            "content": Jsonb(content),
-            # the outcomes as pydantic writes them (a text parameter cast to jsonb)
-            "outcomes": "[" + ",".join(o.model_dump_json() for o in outcomes) + "]",
-        }
+    async def record_outcomes(self, session_id: str, job_id: str, results: Results) -> None:
+        """A turn's tool results (message and ledger rows): one statement."""
+        params = {"session": session_id, "job": job_id, **results.params()}
         async with self.pool.connection() as conn:
-            await conn.execute(MESSAGE_CTE + FINISH_CALLS_TAIL, params)
+            await conn.execute("WITH" + RESULTS_CTES + " SELECT 1", params)
 
     async def create_approval(
         self,

@@ -35,7 +35,7 @@ from broker.metrics import metrics
 from broker.policy_config import PermissionRules
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
-from broker.store import AsyncStore
+from broker.store import AsyncStore, Results
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import Message, TokenUsage, ToolCall, ToolResultBlock
 from orchestrator.custom_catalog import CustomCatalog
@@ -102,6 +102,8 @@ class JobRun:
         self.pending: list[Event] = []  # events that ride on the job's next round trip
         self.finished = False  # its end is recorded and its lease given up
         self.writing: asyncio.Future[None] | None = None  # the transcript write in flight
+        self.unwritten: Results | None = None  # a turn's results held for the next write
+        self.write_timer: asyncio.TimerHandle | None = None
         self.current: TurnCalls | None = None  # the calls of the turn in flight
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
@@ -345,7 +347,8 @@ class JobRun:
     async def append(self, message: Message, turn: int = 0) -> None:
         """Store one message (a model turn with the calls it queues) and wait for it."""
         calls = [(c.id, c.name, c.input, self._queue_of(c.name)) for c in message.tool_calls]
-        await self.settle()
+        await self.written()  # results whose next message came late: being written alone
+        results = self.take_results()
         await self.s.store.append_message(
             self.session_id,
             self.job_id,
@@ -355,6 +358,7 @@ class JobRun:
             turn=turn,
             calls=calls,
             iterations=self.turns + 1 if message.role == "assistant" else None,
+            results=results,
         )
         self.messages.append(message)
         self._turns += self._counts(message)
@@ -401,17 +405,39 @@ class JobRun:
             ],
         )
         await self.settle()
-        # written while the job goes on (its next turn starts, the model is asked); the
-        # next write of the job waits for it, so the transcript never has a gap, and the
-        # outcomes are in the ledger meanwhile (a resumed turn is answered from there)
-        self.writing = asyncio.ensure_future(
-            self.s.store.record_outcomes(
-                self.session_id, self.job_id, len(self.messages), message.content(), ordered
-            )
-        )
+        # held for the model's next message (one statement for both), or written after
+        # `results_write_delay_s` if that comes later: the job goes on meanwhile, the next
+        # write of the job includes or waits for them (the transcript never has a gap), and
+        # the outcomes are in the ledger (a resumed turn is answered from there)
+        self.unwritten = Results(len(self.messages), message.content(), ordered)
+        delay = self.s.settings.results_write_delay_s
+        self.write_timer = asyncio.get_running_loop().call_later(delay, self.write_results)
         self.messages.append(message)
 
+    def write_results(self) -> None:
+        """Start writing the held results on their own (the next message is late)."""
+        if self.writing is None and (results := self.take_results()) is not None:
+            self.writing = asyncio.ensure_future(
+                self.s.store.record_outcomes(self.session_id, self.job_id, results)
+            )
+
+    def take_results(self) -> Results | None:
+        """The held results, for the next write to carry."""
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+        results, self.unwritten = self.unwritten, None
+        return results
+
     async def settle(self) -> None:
+        """The transcript is whole in PostgreSQL: held results are written now, and the
+        write in flight is waited for; its failure surfaces here, once."""
+        await self.written()
+        if self.unwritten is not None:
+            self.write_results()
+            await self.written()
+
+    async def written(self) -> None:
         """Wait for the transcript write in flight; its failure surfaces here, once."""
         if self.writing is None:
             return

@@ -238,3 +238,46 @@ def test_a_streamed_call_starts_before_the_stream_ends(
     assert result.status == "completed"
     assert [c.id for c in result.tool_calls] == ["call_first", "call_second"]
     assert "written while streaming" in result.tool_calls[1].output
+
+
+def test_results_are_stored_while_a_slow_model_thinks(
+    cluster: Cluster, server: ModelServer, workspace: Path
+) -> None:
+    """A turn's results wait for the model's next message to share its write, but not for
+    longer than `results_write_delay_s`: a slow model does not keep them out of the store."""
+    import psycopg
+
+    args = json.dumps({"path": "slow.txt", "content": "x"})
+    call = {"index": 0, "id": "call_w", "type": "function"}
+    call["function"] = {"name": "write_file", "arguments": args}
+    server.reply_sse(
+        sse(openai({"role": "assistant", "tool_calls": [call]}), openai({}, "tool_calls"))
+    )
+    release = server.reply_sse(
+        sse(openai({"content": "thinking"}), openai({"content": " done"}), openai({}, "stop")),
+        hold_after="thinking",
+    )
+    ended = len(server.holds)  # held replies of earlier tests that have ended
+    job = cluster.client.submit("slow", model="openai", workspace=str(workspace))
+    with psycopg.connect(cluster.iso.database_url, autocommit=True) as conn:
+
+        def stored() -> tuple[str | None, list[str]]:
+            row = conn.execute(
+                "SELECT status FROM tool_calls WHERE job_id = %s AND call_id = 'call_w'",
+                (job.id,),
+            ).fetchone()
+            roles = conn.execute(
+                "SELECT role FROM messages WHERE job_id = %s ORDER BY seq", (job.id,)
+            ).fetchall()
+            return (row[0] if row else None), [r[0] for r in roles]
+
+        deadline = time.monotonic() + 20
+        while stored()[0] != "done" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        during = stored()
+        held = len(server.holds) == ended  # the model's second reply had not ended meanwhile
+    release.set()
+    result = job.wait(timeout=60)
+    assert held and during == ("done", ["user", "assistant", "tool"])
+    assert result.status == "completed" and result.final_text == "thinking done"
+    assert (workspace / "slow.txt").read_text() == "x"

@@ -1,0 +1,90 @@
+"""The transcript's writes on a real PostgreSQL: a turn's results travel alone or with the
+model's next message, in one statement either way, and the transcript has no gap."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from broker.messages import CallOutcome, JobSpec
+from broker.store import AsyncStore, Results, Store
+from tests.conftest import Isolated
+
+
+def outcome(call_id: str, turn: int, text: str) -> CallOutcome:
+    return CallOutcome(call_id=call_id, job_id="j", turn=turn, for_llm=text, worker="w1")
+
+
+def results(seq: int, turn: int, text: str) -> Results:
+    content = {"results": [{"call_id": f"c{turn}", "content": text}]}
+    return Results(seq, content, [outcome(f"c{turn}", turn, text)])
+
+
+def run(isolated: Isolated, body: Any) -> Any:
+    """Run `body` on an AsyncStore of a migrated schema holding job j of session s; the
+    synchronous connection to look at what it wrote."""
+    sync = Store(isolated.database_url)
+    sync.migrate()
+    sync.create_job("j", "s", JobSpec(prompt="p", workspace="/tmp"))
+
+    async def go() -> None:
+        store = AsyncStore(isolated.database_url, 2)
+        await store.open()
+        try:
+            await body(store)
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(go())
+    except BaseException:
+        sync.close()
+        raise
+    return sync.conn
+
+
+def test_results_written_with_the_next_message_land_before_it(isolated: Isolated) -> None:
+    async def body(store: AsyncStore) -> None:
+        call = [("c0", "read_file", {"path": "a"}, "fs")]
+        await store.append_message("s", "j", 0, "assistant", {"text": ""}, 0, call, 1)
+        # the results of turn 0 (seq 1) ride on the next assistant message (seq 2)
+        nxt = [("c1", "read_file", {"path": "b"}, "fs")]
+        await store.append_message(
+            "s", "j", 2, "assistant", {"text": ""}, 1, nxt, 2, results=results(1, 0, "A")
+        )
+        await store.record_outcomes("s", "j", results(3, 1, "B"))  # alone, late
+
+    conn = run(isolated, body)
+    rows = conn.execute("SELECT seq, role FROM messages WHERE session_id = 's' ORDER BY seq")
+    assert [(r["seq"], r["role"]) for r in rows.fetchall()] == [
+        (0, "assistant"),
+        (1, "tool"),
+        (2, "assistant"),
+        (3, "tool"),
+    ]
+    calls = conn.execute(
+        "SELECT turn, call_id, status, for_llm FROM tool_calls WHERE job_id = 'j' ORDER BY turn"
+    ).fetchall()
+    assert [(c["turn"], c["call_id"], c["status"], c["for_llm"]) for c in calls] == [
+        (0, "c0", "done", "A"),
+        (1, "c1", "done", "B"),
+    ]
+    iterations = conn.execute("SELECT iterations FROM jobs WHERE id = 'j'").fetchone()
+    assert iterations == {"iterations": 2}
+    conn.close()
+
+
+def test_a_result_written_twice_is_stored_once(isolated: Isolated) -> None:
+    async def body(store: AsyncStore) -> None:
+        call = [("c0", "x", {}, "fs")]
+        await store.append_message("s", "j", 0, "assistant", {"text": ""}, 0, call)
+        await store.record_outcomes("s", "j", results(1, 0, "first"))
+        await store.append_message(  # a resumed job writing the same results again
+            "s", "j", 2, "assistant", {"text": "done"}, 1, results=results(1, 0, "second")
+        )
+
+    conn = run(isolated, body)
+    tool = conn.execute("SELECT content FROM messages WHERE session_id = 's' AND seq = 1")
+    assert tool.fetchone()["content"]["results"][0]["content"] == "first"
+    assert conn.execute("SELECT count(*) AS n FROM messages").fetchone() == {"n": 3}
+    conn.close()
