@@ -9,8 +9,11 @@ import redis
 
 def serve(url: str) -> None:
     client = redis.Redis.from_url(url)
-    while True:
-        _, value = client.brpop(["bench:req"])  # type: ignore[misc]
+    while True:  # idle between (a)'s blocks: a short blocking read, again
+        popped = client.brpop(["bench:req"], timeout=1)
+        if popped is None:
+            continue
+        value = popped[1]  # type: ignore[index]
         if value == b"stop":
             return
         client.lpush("bench:resp", value)
