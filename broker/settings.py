@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(3, ge=1, description="times a call may start before it fails")
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_ttl_s: float = Field(4.0, gt=0, description="a process silent this long is dead")
+    orchestrator_stall_s: float = Field(
+        30.0, gt=0, description="an orchestrator's event loop silent this long gives up its jobs"
+    )
     ledger_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="hot ledger entries in Redis")
     events_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="job event streams in Redis")
     visibility_timeout_s: int = Field(3600, ge=60, description="above the longest hard limit")

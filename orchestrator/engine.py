@@ -4,9 +4,9 @@ on one asyncio event loop.
 The `agents` queue is consumed on the loop too (broker/agent_queue.py: a reliable list,
 taken in batches), as is everything else: model streams, tool dispatch, outcomes,
 PostgreSQL.
-Each running job holds a lease in Redis, refreshed by this process's heartbeat: a job whose
-orchestrator died loses its lease within seconds and is resumed by another orchestrator
-from its transcript.
+Each running job holds a lease in Redis, refreshed by this process's heartbeat thread
+(orchestrator/leases.py) while the loop is alive: a job whose orchestrator died loses its
+lease within seconds and is resumed by another orchestrator from its transcript.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from orchestrator.approvals import ApprovalAnswer, Approvals
 from orchestrator.custom_catalog import CustomCatalog
 from orchestrator.dispatch import Dispatcher
 from orchestrator.hooks import Hooks
+from orchestrator.leases import LeaseKeeper
 from orchestrator.live import LiveSettings
 from orchestrator.loop import JobRun, Services
 from orchestrator.policy import PolicyEngine
@@ -51,10 +52,7 @@ from workers.registry import Registry, default_registry
 log = logging.getLogger("clawq.orchestrator")
 
 RECOVERY_INTERVAL_S = 5.0
-LEASE_BATCH = 1000
 ACCEPT_WINDOW = 1000  # agent runs being accepted at once (unacked on the agents queue)
-# KEYS: job leases; ARGV: their TTL. Thousands of jobs' leases in one command each second.
-REFRESH = "for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[1]) end return #KEYS"
 ARTIFACT_PURGE_INTERVAL_S = 600.0  # retention is days; ten minutes late is nothing
 ANNOUNCE_POLL_S = 0.2
 
@@ -137,10 +135,25 @@ class Orchestrator:
         except Exception as exc:  # Flower's events are best effort; jobs run regardless
             log.warning("task events unavailable: %s", exc)
         queue = self.agent_queue = AgentQueue(self.redis, agents_redis, self.id)
+        presence = {
+            "kind": "orchestrator",
+            "id": self.id,
+            "host": self.settings.node(),
+            "pid": os.getpid(),
+            "queue": AGENTS_QUEUE,
+        }
+        keeper = LeaseKeeper(
+            self.settings,
+            self.id,
+            json.dumps(presence),
+            lambda: list(self.jobs),  # a C-level copy: atomic under the GIL
+            lambda: list(self.children),
+        )
+        await asyncio.to_thread(keeper.start)
         background = [
             asyncio.create_task(self.dispatcher.listen(listen_redis)),
             asyncio.create_task(self.dispatcher.watchdog()),
-            asyncio.create_task(self.heartbeat()),
+            asyncio.create_task(self.check_in(keeper)),
             asyncio.create_task(self.control()),
             asyncio.create_task(self.recover()),
             asyncio.create_task(self.deliver_announcements()),
@@ -165,6 +178,7 @@ class Orchestrator:
             await asyncio.wait(background, timeout=3)
             with contextlib.suppress(aioredis.RedisError):
                 await queue.give_back()  # what it took and did not start: for the others
+            await asyncio.to_thread(keeper.stop)
             await self.redis.delete(keys.proc(self.id))
             await http.aclose()
             await self.store.close()
@@ -327,32 +341,10 @@ class Orchestrator:
 
     # -- background duties --------------------------------------------------------------
 
-    async def heartbeat(self) -> None:
-        """Presence of this process and the leases of its jobs, refreshed together."""
-        info = json.dumps(
-            {
-                "kind": "orchestrator",
-                "id": self.id,
-                "host": self.settings.node(),
-                "pid": os.getpid(),
-                "queue": AGENTS_QUEUE,
-            }
-        )
+    async def check_in(self, keeper: LeaseKeeper) -> None:
+        """Tell the lease keeper, every heartbeat interval, that this loop is alive."""
         while True:
-            expiry = int((time.time() + self.settings.subagent_lease_s) * 1000)
-            try:
-                children = {j: expiry for j in self.children}
-                leases = [keys.lease(job_id) for job_id in self.jobs]
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.set(keys.proc(self.id), info, px=self._lease_ms)
-                    for start in range(0, len(leases), LEASE_BATCH):  # a command per batch
-                        batch = leases[start : start + LEASE_BATCH]
-                        pipe.eval(REFRESH, len(batch), *batch, self._lease_ms)
-                    if children:  # the running slots of the subagents run here
-                        pipe.zadd(keys.SUBAGENTS_RUNNING, children, xx=True)
-                    await pipe.execute()
-            except aioredis.RedisError as exc:
-                await retry_pause(exc, "heartbeat", 0)
+            keeper.check_in()
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def control(self) -> None:
