@@ -398,17 +398,17 @@ class AsyncStore:
             cur = await conn.execute(START_JOB, (orchestrator_id, job_id))
             return (await cur.fetchone()) is not None
 
-    async def orphan_candidates(self) -> list[str]:
-        """Running jobs, and taken subagents that have waited a while for a slot (their
-        message is consumed: `chain` is set); those without a live lease are resumed by
-        whoever sees them."""
+    async def orphan_candidates(self) -> list[tuple[str, str]]:
+        """(job, the orchestrator that started it) for running jobs, and taken subagents
+        that have waited a while for a slot (their message is consumed: `chain` is set);
+        those without a live lease are resumed by whoever sees them."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT id FROM jobs WHERE status = 'running' OR (status = 'queued'"
+                "SELECT id, orchestrator FROM jobs WHERE status = 'running' OR (status = 'queued'"
                 " AND chain IS NOT NULL AND created_at < now() - interval '30 seconds')"
                 " ORDER BY created_at LIMIT 1000"
             )
-            return [row[0] for row in await cur.fetchall()]
+            return [(row[0], row[1]) for row in await cur.fetchall()]
 
     async def transcript(self, session_id: str) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:

@@ -86,6 +86,7 @@ class Orchestrator:
         self.steering: set[str] = set()
         self.children: set[str] = set()  # the subagents among self.jobs (they hold slots)
         self.accepting: set[str] = set()  # being claimed now (accepts run concurrently)
+        self.claimed: set[str] = set()  # leased here, being started (not in self.jobs yet)
         self.slots = asyncio.Semaphore(settings.max_jobs_per_orchestrator)
         self.stopping = asyncio.Event()  # no more agent runs are taken
         self._lease_ms = int(settings.heartbeat_ttl_s * 1000)
@@ -146,7 +147,7 @@ class Orchestrator:
             self.settings,
             self.id,
             json.dumps(presence),
-            lambda: list(self.jobs),  # a C-level copy: atomic under the GIL
+            lambda: [*self.jobs, *self.claimed],  # C-level copies: atomic under the GIL
             lambda: list(self.children),
         )
         await asyncio.to_thread(keeper.start)
@@ -272,9 +273,11 @@ class Orchestrator:
                 await self.store.save_chain(job_id, chain)
             return None
         run = None
+        self.claimed.add(job_id)  # an accept that waits for the database keeps its lease
         try:
             run = await self._start(job_id, chain)
         finally:
+            self.claimed.discard(job_id)
             if run is None:
                 await self.redis.delete(keys.lease(job_id))
                 self.slots.release()
@@ -483,9 +486,14 @@ class Orchestrator:
             await asyncio.sleep(RECOVERY_INTERVAL_S)
             try:
                 await self.agent_queue.restore_dead()
-                for job_id in await self.store.orphan_candidates():
-                    if job_id not in self.jobs and not await self.redis.exists(keys.lease(job_id)):
-                        log.warning("resuming job %s: its orchestrator is gone", job_id)
-                        await self.accept(job_id)
+                for job_id, owner in await self.store.orphan_candidates():
+                    if job_id in self.jobs or await self.redis.exists(keys.lease(job_id)):
+                        continue
+                    # a live orchestrator's lease may lapse while its loop is slow to take
+                    # a reply; it sweeps its own jobs (a dead one's presence is gone)
+                    if owner and owner != self.id and await self.redis.exists(keys.proc(owner)):
+                        continue
+                    log.warning("resuming job %s: its orchestrator is gone", job_id)
+                    await self.accept(job_id)
             except Exception:
                 log.exception("recovery sweep failed")

@@ -22,8 +22,21 @@ from broker.settings import Settings
 log = logging.getLogger("clawq.orchestrator")
 
 LEASE_BATCH = 1000  # leases refreshed by one command
-# KEYS: job leases; ARGV: their TTL. Thousands of jobs' leases in one command each second.
-REFRESH = "for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[1]) end return #KEYS"
+# KEYS: job leases; ARGV: their TTL, this orchestrator. Thousands of leases in one command
+# each second. A lease that lapsed while the loop was slow is taken again; one another
+# orchestrator holds now is left to it.
+REFRESH = """
+local n = 0
+for _, key in ipairs(KEYS) do
+  local owner = redis.call('GET', key)
+  if owner == ARGV[2] then
+    redis.call('PEXPIRE', key, ARGV[1]); n = n + 1
+  elseif not owner then
+    redis.call('SET', key, ARGV[2], 'PX', ARGV[1]); n = n + 1
+  end
+end
+return n
+"""
 
 
 class LeaseKeeper:
@@ -73,7 +86,7 @@ class LeaseKeeper:
         pipe.set(keys.proc(self.proc_id), self.info, px=self.ttl_ms)
         for start in range(0, len(leases), LEASE_BATCH):
             batch = leases[start : start + LEASE_BATCH]
-            pipe.eval(REFRESH, len(batch), *batch, self.ttl_ms)
+            pipe.eval(REFRESH, len(batch), *batch, self.ttl_ms, self.proc_id)
         if children:  # the running slots of the subagents run here
             pipe.zadd(keys.SUBAGENTS_RUNNING, children, xx=True)
         pipe.execute()

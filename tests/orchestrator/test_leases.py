@@ -1,5 +1,6 @@
 """The lease keeper on a real Redis: leases live as long as the event loop checks in,
-however busy the loop is between check-ins, and lapse once it falls silent."""
+however busy the loop is between check-ins (one that lapsed meanwhile is taken again, one
+another orchestrator took is left to it), and lapse once the loop falls silent."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ def keeper(isolated: Isolated, jobs: list[str]) -> LeaseKeeper:
 
 def test_leases_outlive_their_ttl_while_the_loop_checks_in(isolated: Isolated) -> None:
     jobs = [f"job-{n}" for n in range(2500)]  # more than one refresh command's batch
-    held = keeper(isolated, jobs)
+    held = keeper(isolated, [*jobs, "taken", "lapsed"])
     with redis.Redis.from_url(isolated.redis_url) as client:
         for job in jobs:
             client.set(keys.lease(job), "orch-1", px=500)
+        client.set(keys.lease("taken"), "orch-2", px=5000)  # resumed elsewhere meanwhile
         held.start()
         try:
             deadline = time.monotonic() + 2.0  # four TTLs
@@ -33,6 +35,10 @@ def test_leases_outlive_their_ttl_while_the_loop_checks_in(isolated: Isolated) -
                 time.sleep(0.3)
             assert all(client.exists(keys.lease(job)) for job in jobs)
             assert client.exists(keys.proc("orch-1"))
+            # another's lease is left as it is (a refresh would have set it to 500 ms)
+            assert client.get(keys.lease("taken")) == b"orch-2"
+            assert client.pttl(keys.lease("taken")) > 1000
+            assert client.get(keys.lease("lapsed")) == b"orch-1"  # one that lapsed: taken again
         finally:
             held.stop()
 
