@@ -23,6 +23,7 @@ import uuid
 from typing import Any
 
 import httpx
+import psycopg
 import redis
 import redis.asyncio as aioredis
 from celery import Celery
@@ -331,6 +332,13 @@ class Orchestrator:
                         await run.flush()  # shutting down: what happened is still told
                     await self.redis.delete(keys.lease(run.job_id))
                     raise
+        except (psycopg.OperationalError, aioredis.ConnectionError, aioredis.TimeoutError) as exc:
+            # the database or Redis went away, or this process is too loaded to get a
+            # connection in time: the job is not at fault, and its lease goes below, so the
+            # recovery sweep resumes it from its transcript (here or elsewhere)
+            log.warning(
+                "job %s paused (%s: %s); resumed by recovery", run.job_id, type(exc).__name__, exc
+            )
         except Exception as exc:
             log.exception("job %s crashed", run.job_id)
             await run.finish("failed", "", f"orchestrator error: {type(exc).__name__}: {exc}")

@@ -1,0 +1,61 @@
+"""PostgreSQL kills the orchestrator's connection in the middle of a transcript write: the
+job is not failed for it. Its orchestrator lets it go, the recovery sweep resumes it from
+its transcript, and the call that had already run is answered from the ledger."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.integration.conftest import Cluster, call, script, start_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:  # its own: a backend of its orchestrator is killed
+    yield from start_cluster()
+
+
+def test_a_job_outlives_a_transcript_write_killed_by_the_database(
+    cluster: Cluster, workspace: Path
+) -> None:
+    job = cluster.client.submit(
+        "cut",
+        workspace=str(workspace),
+        allow=["exec"],
+        script=script(
+            {"tool_calls": [call("s", "exec", command="sleep 2; echo ran >> runs.txt; echo ok")]},
+            {"text": "done"},
+        ),
+    )
+    deadline = time.monotonic() + 30
+    while not any(e.type == "tool_call_queued" for e in job.events()):
+        assert time.monotonic() < deadline, "the call was never queued"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the turn's own write is done
+    # the write of the call's result (with the model's next message) waits on this lock
+    with (
+        psycopg.connect(cluster.iso.database_url, autocommit=True) as admin,
+        admin.transaction(),
+    ):
+        admin.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        blocked = None
+        while blocked is None:
+            assert time.monotonic() < deadline + 30, "no write waited on the lock"
+            blocked = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND pid <> pg_backend_pid() AND datname = current_database()"
+            ).fetchone()
+            time.sleep(0.05)
+        admin.execute("SELECT pg_terminate_backend(%s)", (blocked[0],))
+    result = job.wait(timeout=90)
+    assert result.status == "completed", result.error
+    assert result.final_text == "done"
+    (only,) = result.tool_calls
+    assert not only.is_error and only.output.startswith("ok")
+    assert (workspace / "runs.txt").read_text() == "ran\n"  # run once, answered from the ledger
+    paused = [e for e in job.events() if e.type == "job_started"]
+    assert len(paused) == 2 and paused[1].data.get("resumed")  # let go, then resumed
