@@ -13,9 +13,11 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from broker import keys
 
@@ -28,7 +30,10 @@ def process_id(kind: str, node: str | None = None) -> str:
 
 
 class Heartbeat:
-    """A daemon thread that keeps this process's presence key alive."""
+    """A daemon thread that keeps this process's presence key alive.
+
+    `extra` adds commands to each beat's round trip (an orchestrator's job leases);
+    `alive`, when it says no, skips the beat, so the key lapses as a dead process's does."""
 
     def __init__(
         self,
@@ -39,6 +44,8 @@ class Heartbeat:
         ttl_s: float,
         node: str | None = None,
         also: tuple[str, ...] = (),
+        extra: Callable[[Pipeline], None] | None = None,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         # its own connections, with a timeout: a beat stuck behind a slow read would let
         # the key expire while the process is alive
@@ -57,6 +64,7 @@ class Heartbeat:
             "started": time.time(),
         }
         self.also = also  # keys kept alive with this one, shared with others: never deleted
+        self.extra, self.alive = extra, alive
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stopped = threading.Event()
@@ -72,14 +80,21 @@ class Heartbeat:
         pipe.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
         for key in self.also:
             pipe.set(key, self.proc_id, px=self.ttl_ms)
+        if self.extra is not None:
+            self.extra(pipe)
         pipe.execute()
 
     def stop(self) -> None:
         self.stopped.set()
+        if self._thread.is_alive():  # a beat in flight would set the key again
+            self._thread.join(timeout=5)
         self.client.delete(keys.proc(self.proc_id))
+        self.client.connection_pool.disconnect()  # its own pool (close() leaves a given one)
 
     def _run(self) -> None:
         while not self.stopped.wait(self.interval_s):
+            if self.alive is not None and not self.alive():
+                continue
             try:
                 self.beat()
             except Exception as exc:  # never let the thread die: a silent heartbeat reads

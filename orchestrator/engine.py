@@ -16,7 +16,6 @@ import contextlib
 import gc
 import json
 import logging
-import os
 import signal
 import time
 import uuid
@@ -137,17 +136,10 @@ class Orchestrator:
         except Exception as exc:  # Flower's events are best effort; jobs run regardless
             log.warning("task events unavailable: %s", exc)
         queue = self.agent_queue = AgentQueue(self.redis, agents_redis, self.id)
-        presence = {
-            "kind": "orchestrator",
-            "id": self.id,
-            "host": self.settings.node(),
-            "pid": os.getpid(),
-            "queue": AGENTS_QUEUE,
-        }
         keeper = LeaseKeeper(
             self.settings,
             self.id,
-            json.dumps(presence),
+            {"kind": "orchestrator", "queue": AGENTS_QUEUE},
             lambda: [*self.jobs, *self.claimed],  # C-level copies: atomic under the GIL
             lambda: list(self.children),
         )
@@ -180,8 +172,7 @@ class Orchestrator:
             await asyncio.wait(background, timeout=3)
             with contextlib.suppress(aioredis.RedisError):
                 await queue.give_back()  # what it took and did not start: for the others
-            await asyncio.to_thread(keeper.stop)
-            await self.redis.delete(keys.proc(self.id))
+            await asyncio.to_thread(keeper.stop)  # and its presence goes
             await http.aclose()
             await self.store.close()
             await self.redis.aclose()

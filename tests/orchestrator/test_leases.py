@@ -17,7 +17,7 @@ def keeper(isolated: Isolated, jobs: list[str]) -> LeaseKeeper:
     settings = isolated.settings.model_copy(
         update={"heartbeat_interval_s": 0.1, "heartbeat_ttl_s": 0.5, "orchestrator_stall_s": 1.0}
     )
-    return LeaseKeeper(settings, "orch-1", "{}", lambda: list(jobs), lambda: [])
+    return LeaseKeeper(settings, "orch-1", {}, lambda: list(jobs), lambda: [])
 
 
 def test_leases_outlive_their_ttl_while_the_loop_checks_in(isolated: Isolated) -> None:
