@@ -76,8 +76,8 @@ CALLS_CTE = (
     " queue text) ON CONFLICT DO NOTHING)"
 )
 SET_ITERATIONS_TAIL = " UPDATE jobs SET iterations = %(iterations)s WHERE id = %(job)s"
-# a turn's tool results: their message, and the ledger rows of its calls (the rows of one
-# turn, never those of the turn a statement with both inserts)
+# a turn's tool results: their message, and the ledger rows of that turn's calls (alone,
+# or in the statement that also inserts the next turn's message and calls)
 RESULTS_CTES = (
     " r AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
     " VALUES (%(session)s, %(r_seq)s, %(job)s, 'tool', %(r_content)s)"
