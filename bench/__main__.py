@@ -183,39 +183,27 @@ class Bench:
         speed drifts within a run, and alternating makes the drift weigh on each alike),
         then each path's throughput."""
         os.environ["BENCH_REDIS_URL"] = self.redis_url
-        from bench.bare import app, noop
+        from bench import bare
 
-        bare_worker = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork"]
-        bare_worker += ["-c", "1", "--without-gossip", "--without-mingle"]
-        bare_worker += ["--without-heartbeat", "-l", "warning", "-Q", "celery"]
         clawq_worker = [PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "prefork")]
         times: dict[str, list[float]] = {"clawq": [], "bare": [], "echo": []}
-
-        def bare_checked() -> None:
-            if (value := noop.delay().get(timeout=30)) != "ok":
-                raise RuntimeError(f"bare Celery returned {value!r}")
-
         per_block = max(1, ROUND_TRIPS // ROUNDS)
         with (
             process(clawq_worker, self.env),
-            process(bare_worker, self.env),
+            process(bare.WORKER, self.env),
             process([PY, "-m", "bench.echo", self.redis_url], self.env),
         ):
             wait_for(self.workers_ready("fs", 1))
-            wait_for(lambda: bool(app.control.ping(timeout=0.5)))
-            for _ in range(50):
-                bare_checked()
+            wait_for(lambda: bool(bare.app.control.ping(timeout=0.5)))
+            bare.round_trips(50)  # warm up
             for _ in range(ROUNDS):
                 times["clawq"] += asyncio.run(self.clawq_calls(per_block, 0))[0]
-                for _ in range(per_block):
-                    started = time.perf_counter()
-                    bare_checked()
-                    times["bare"].append(time.perf_counter() - started)
+                times["bare"] += bare.round_trips(per_block)
                 times["echo"] += self.raw_echo(per_block)
             self.redis.lpush("bench:req", "stop")
             clawq_rate = asyncio.run(self.clawq_calls(0, THROUGHPUT_CALLS))[1]
             started = time.perf_counter()
-            pending = [noop.delay() for _ in range(THROUGHPUT_CALLS)]
+            pending = [bare.noop.delay() for _ in range(THROUGHPUT_CALLS)]
             for result in pending:
                 if result.get(timeout=120) != "ok":
                     raise RuntimeError("bare Celery's no-op failed")

@@ -222,17 +222,6 @@ def one_job(bench: Any, wait_for: Any, workspace: str) -> dict[str, list[float]]
     }
 
 
-def bare_round_trips(app: Any, noop: Any) -> list[float]:
-    """ROUND_TRIPS bare Celery `delay().get()` of a no-op, in seconds."""
-    times = []
-    for _ in range(ROUND_TRIPS):
-        begun = time.perf_counter()
-        if noop.delay().get(timeout=30) != "ok":
-            raise RuntimeError("bare Celery's no-op failed")
-        times.append(time.perf_counter() - begun)
-    return times
-
-
 def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
     """(i): clawq's turns and bare Celery's round trips, measured in alternating blocks
     (ROUNDS of each) with both stacks up, so that the machine's drift during the run
@@ -241,30 +230,27 @@ def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
     with open(os.path.join(workspace, "notes.txt"), "w") as fh:
         fh.write("a\nb\n")
     os.environ["BENCH_REDIS_URL"] = bench.redis_url
-    from bench.bare import app, noop
+    from bench import bare
 
     env = stack_env(bench, 10)
     cli = [PY, "-m", "orchestrator.cli"]
     worker = [PY, "-m", "bench.noop", "1", "prefork"]  # the fs tools, and a no-op (unused)
-    bare = [PY, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork", "-c", "1"]
-    bare += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"]
     clawq: dict[str, list[float]] = {"turns": [], "before": [], "calls": [], "after": []}
     bare_times: list[float] = []
     with (
         process([*cli, "orchestrator", "--log-level", "warning"], env) as orch,
         process(worker, env),
-        process([*bare, "-Q", "celery"], bench.env),
+        process(bare.WORKER, bench.env),
     ):
         wait_for(bench.workers_ready("fs", 1))
         wait_for(lambda: orchestrators(bench) >= 1)
-        wait_for(lambda: bool(app.control.ping(timeout=0.5)))
-        for _ in range(50):
-            noop.delay().get(timeout=30)
+        wait_for(lambda: bool(bare.app.control.ping(timeout=0.5)))
+        bare.round_trips(50)  # warm up
         with profiled(orch.pid):
             for _ in range(ROUNDS):
                 for name, values in one_job(bench, wait_for, workspace).items():
                     clawq[name].extend(values)
-                bare_times.extend(bare_round_trips(app, noop))
+                bare_times.extend(bare.round_trips(ROUND_TRIPS))
     turns = clawq["turns"]
     return {
         "turn_ms": statistics.median(turns) * 1e3,
