@@ -11,16 +11,19 @@ import logging
 
 import redis.asyncio as aioredis
 
+from broker.autopipe import batching
 from broker.settings import Settings
 
 log = logging.getLogger("clawq.redis")
 
 
 def async_redis(settings: Settings) -> aioredis.Redis:
+    """The orchestrator's client: what its jobs send in one pass of the event loop goes
+    as one pipeline (broker/autopipe.py)."""
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=settings.redis_max_connections, timeout=30
     )
-    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+    return batching(pool)  # the client owns the pool: aclose() closes it
 
 
 async def retry_pause(exc: Exception, what: str, delay_s: float = 0.5) -> None:

@@ -8,7 +8,7 @@ lock, so any number of processes may start at once.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
@@ -16,7 +16,8 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg_pool import AsyncConnectionPool
 
 from broker import fastjson, pg_features
-from broker.messages import CallOutcome, JobResult, JobSpec, ToolCallRecord
+from broker.messages import JobResult, JobSpec, ToolCallRecord
+from broker.transcript_writes import Results, TranscriptWrites, Write
 
 MIGRATION_LOCK = 7_415_922_001
 
@@ -61,62 +62,6 @@ FINISH_JOB = (
 SELECT_MESSAGES = (
     "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s ORDER BY seq"
 )
-# A turn's writes are one statement each (one round trip, atomic without BEGIN/COMMIT):
-# the assistant message with the calls it queues and the turn count; then the tool-result
-# message with its calls' outcomes.
-MESSAGE_CTE = (
-    " m AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
-    " VALUES (%(session)s, %(seq)s, %(job)s, %(role)s, %(content)s)"
-    " ON CONFLICT (session_id, seq) DO NOTHING)"
-)
-CALLS_CTE = (
-    ", c AS (INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status, queue)"
-    " SELECT %(job)s, %(turn)s, c.id, c.seq, c.name, c.input, 'queued', c.queue"
-    " FROM jsonb_to_recordset(%(calls)s) AS c(id text, seq int, name text, input jsonb,"
-    " queue text) ON CONFLICT DO NOTHING)"
-)
-SET_ITERATIONS_TAIL = " UPDATE jobs SET iterations = %(iterations)s WHERE id = %(job)s"
-# a turn's tool results: their message, and the ledger rows of that turn's calls (alone,
-# or in the statement that also inserts the next turn's message and calls)
-RESULTS_CTES = (
-    " r AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
-    " VALUES (%(session)s, %(r_seq)s, %(job)s, 'tool', %(r_content)s)"
-    " ON CONFLICT (session_id, seq) DO NOTHING),"
-    " f AS (UPDATE tool_calls t SET status = 'done', is_error = o.is_error,"
-    " for_llm = o.for_llm, for_user = o.for_user, metadata = o.metadata,"
-    " queue = coalesce(nullif(o.queue, ''), t.queue), worker = o.worker,"
-    " attempts = o.attempts, decision = o.decision, decided_by = o.decided_by,"
-    " decision_reason = o.decision_reason, started_at = to_timestamp(nullif(o.started_at, 0)),"
-    " finished_at = to_timestamp(o.finished_at)"
-    " FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(job_id text, turn int, call_id text,"
-    " is_error bool, for_llm text, for_user text, metadata jsonb, queue text, worker text,"
-    " attempts int, decision text, decided_by text, decision_reason text, started_at float8,"
-    " finished_at float8)"
-    # the turn's key as parameters: the plan is an index scan of the turn's calls, never a
-    # scan of the table joined with the (unknown-sized) recordset
-    " WHERE t.job_id = %(job)s AND t.turn = %(r_turn)s AND t.call_id = o.call_id"
-    " AND o.job_id = t.job_id AND o.turn = t.turn)"
-)
-
-
-class Results(NamedTuple):
-    """A turn's tool results as the transcript stores them: the tool message (at `seq`)
-    and the outcomes of its calls, in the model's order."""
-
-    seq: int
-    content: dict[str, Any]
-    outcomes: list[CallOutcome]
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "r_seq": self.seq,
-            "r_turn": self.outcomes[0].turn if self.outcomes else 0,
-            "r_content": Jsonb(self.content),
-            # the outcomes as pydantic writes them (a text parameter cast to jsonb)
-            "outcomes": "[" + ",".join(o.model_dump_json() for o in self.outcomes) + "]",
-        }
-
-
 # Accepting a job is one statement too: keep the rest of its task graph (from its first
 # delivery), start it unless it is final or a subagent (which needs its slot first), and
 # return it with its session's transcript.
@@ -319,6 +264,7 @@ class AsyncStore:
             kwargs={"autocommit": True},
             configure=_configure,
         )
+        self.writes = TranscriptWrites(self.pool)
 
     async def open(self) -> None:
         await self.pool.open(wait=True)
@@ -429,38 +375,15 @@ class AsyncStore:
         results: Results | None = None,
     ) -> None:
         """One transcript message, the calls it queues and the turn count, after the
-        previous turn's `results` if they are not stored yet: one statement."""
-        params: dict[str, Any] = {
-            "session": session_id,
-            "seq": seq,
-            "job": job_id,
-            "role": role,
-            "content": Jsonb(content),
-            "turn": turn,
-            "iterations": iterations,
-        }
-        sql = "WITH"
-        if results is not None:
-            sql += RESULTS_CTES + ","
-            params.update(results.params())
-        sql += MESSAGE_CTE
-        if calls:
-            sql += CALLS_CTE
-            params["calls"] = Jsonb(
-                [
-                    {"id": c[0], "seq": n, "name": c[1], "input": c[2], "queue": c[3]}
-                    for n, c in enumerate(calls)
-                ]
-            )
-        sql += SET_ITERATIONS_TAIL if iterations is not None else " SELECT 1"
-        async with self.pool.connection() as conn:
-            await conn.execute(sql, params)
+        previous turn's `results` if they are not stored yet: stored once this returns
+        (with the other jobs' writes of the moment, in one statement)."""
+        await self.writes.write(
+            Write(session_id, job_id, seq, role, content, turn, calls, iterations, results)
+        )
 
     async def record_outcomes(self, session_id: str, job_id: str, results: Results) -> None:
-        """A turn's tool results (message and ledger rows): one statement."""
-        params = {"session": session_id, "job": job_id, **results.params()}
-        async with self.pool.connection() as conn:
-            await conn.execute("WITH" + RESULTS_CTES + " SELECT 1", params)
+        """A turn's tool results (message and ledger rows), stored once this returns."""
+        await self.writes.write(Write(session_id, job_id, results=results))
 
     async def create_approval(
         self,

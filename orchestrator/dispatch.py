@@ -1,10 +1,11 @@
 """Sending tool calls to their queues and waking the awaiting loop when outcomes arrive.
 
 One listener per orchestrator process pops outcomes from its reply list (BRPOP: pushed,
-never polled per call) and resolves the waiting futures. A watchdog notices calls whose
-executing process stopped heartbeating and sends them again; the worker-side ledger caps
-deliveries and answers repeats. A call that no worker starts is announced as waiting, and
-answered with an error after the schedule-to-start timeout.
+never polled per call; what queued behind the first comes in the same round trip) and
+resolves the waiting futures. A watchdog notices calls whose executing process stopped
+heartbeating and sends them again; the worker-side ledger caps deliveries and answers
+repeats. A call that no worker starts is announced as waiting, and answered with an error
+after the schedule-to-start timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from broker.settings import Settings
 from workers.tasks import task_name
 
 log = logging.getLogger("clawq.dispatch")
+
+REPLIES_PER_READ = 500  # outcomes taken by one read of the reply list
 
 
 def cancelled_outcome(job_id: str, turn: int, call_id: str, reason: str) -> CallOutcome:
@@ -118,17 +121,19 @@ class Dispatcher:
         Stopped with `stop()`, not by cancelling: redis-py may retry a blocking read that a
         cancellation interrupted, and the cancellation is then lost."""
         while not self.stopping.is_set():
-            try:
-                popped = await client.brpop([self.reply_key], timeout=1)
+            try:  # the first outcome, waited for, and what queued behind it: one round trip
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.brpop([self.reply_key], timeout=1)
+                    pipe.rpop(self.reply_key, REPLIES_PER_READ)
+                    first, rest = await pipe.execute()
             except aioredis.RedisError as exc:  # reconnects on the next call
                 await retry_pause(exc, "reply listener")
                 continue
-            if popped is None:
-                continue
-            try:
-                self._resolve(CallOutcome.model_validate_json(popped[1]))
-            except ValueError:
-                log.error("unreadable outcome dropped: %r", popped[1][:200])
+            for raw in ([first[1]] if first else []) + (rest or []):
+                try:
+                    self._resolve(CallOutcome.model_validate_json(raw))
+                except ValueError:
+                    log.error("unreadable outcome dropped: %r", raw[:200])
 
     async def _not_taken(self, items: list[Pending]) -> None:
         """Calls no worker has started. After `call_waiting_after_s` a `tool_call_waiting`

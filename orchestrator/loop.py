@@ -35,7 +35,8 @@ from broker.metrics import metrics
 from broker.policy_config import PermissionRules
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
-from broker.store import AsyncStore, Results
+from broker.store import AsyncStore
+from broker.transcript_writes import Results
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import Message, TokenUsage, ToolCall, ToolResultBlock
 from orchestrator.custom_catalog import CustomCatalog

@@ -7,7 +7,8 @@ import asyncio
 from typing import Any
 
 from broker.messages import CallOutcome, JobSpec
-from broker.store import AsyncStore, Results, Store
+from broker.store import AsyncStore, Store
+from broker.transcript_writes import Results
 from tests.conftest import Isolated
 
 
@@ -76,7 +77,7 @@ def test_results_written_with_the_next_message_land_before_it(isolated: Isolated
 
 def test_a_result_written_twice_is_stored_once(isolated: Isolated) -> None:
     async def body(store: AsyncStore) -> None:
-        call = [("c0", "x", {}, "fs")]
+        call: list[tuple[str, str, dict[str, Any], str]] = [("c0", "x", {}, "fs")]
         await store.append_message("s", "j", 0, "assistant", {"text": ""}, 0, call)
         await store.record_outcomes("s", "j", results(1, 0, "first"))
         await store.append_message(  # a resumed job writing the same results again
@@ -87,4 +88,66 @@ def test_a_result_written_twice_is_stored_once(isolated: Isolated) -> None:
     tool = conn.execute("SELECT content FROM messages WHERE session_id = 's' AND seq = 1")
     assert tool.fetchone()["content"]["results"][0]["content"] == "first"
     assert conn.execute("SELECT count(*) AS n FROM messages").fetchone() == {"n": 3}
+    conn.close()
+
+
+def test_concurrent_jobs_writes_go_as_one_statement(isolated: Isolated) -> None:
+    sync = Store(isolated.database_url)
+    for n in range(30):
+        sync.create_job(f"j{n}", f"s{n}", JobSpec(prompt="p", workspace="/tmp"))
+    sync.close()
+    sent: list[int] = []
+
+    async def body(store: AsyncStore) -> None:
+        send = store.writes.send
+
+        async def counted(items: list[Any]) -> list[Any]:
+            sent.append(len(items))
+            return await send(items)
+
+        store.writes.send = counted  # type: ignore[method-assign]
+        await asyncio.gather(
+            *(
+                store.append_message(
+                    f"s{n}",
+                    f"j{n}",
+                    0,
+                    "assistant",
+                    {"text": f"t{n}"},
+                    0,
+                    [(f"c{n}", "x", {}, "fs")],
+                    1,
+                )
+                for n in range(30)
+            )
+        )
+
+    conn = run(isolated, body)
+    assert sum(sent) == 30 and len(sent) <= 2  # not thirty statements
+    rows = conn.execute("SELECT job_id, content->>'text' AS t FROM messages ORDER BY job_id")
+    assert sorted((r["job_id"], r["t"]) for r in rows) == sorted(
+        (f"j{n}", f"t{n}") for n in range(30)
+    )
+    queued = conn.execute("SELECT count(*) AS n FROM tool_calls WHERE status = 'queued'")
+    assert queued.fetchone() == {"n": 30}
+    assert conn.execute("SELECT count(*) AS n FROM jobs WHERE iterations = 1").fetchone() == {
+        "n": 30
+    }
+    conn.close()
+
+
+def test_a_bad_write_fails_alone_and_the_batch_is_stored(isolated: Isolated) -> None:
+    failed: list[BaseException] = []
+
+    async def body(store: AsyncStore) -> None:
+        good = store.append_message("s", "j", 0, "assistant", {"text": "kept"}, 0, None, 1)
+        bad = store.append_message("nowhere", "nojob", 0, "assistant", {"text": "x"})
+        done = await asyncio.gather(good, bad, return_exceptions=True)
+        failed.extend(d for d in done if isinstance(d, BaseException))
+        assert done[0] is None
+
+    conn = run(isolated, body)
+    assert len(failed) == 1 and "foreign key" in str(failed[0])
+    rows = conn.execute("SELECT job_id, content->>'text' AS t FROM messages").fetchall()
+    assert [(r["job_id"], r["t"]) for r in rows] == [("j", "kept")]
     conn.close()

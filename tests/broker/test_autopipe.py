@@ -1,0 +1,125 @@
+"""The batching Redis client, on a real Redis: concurrent callers share round trips and
+still get their own replies and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from broker.autopipe import BatchingRedis, batching
+from tests.conftest import Isolated
+
+
+def run(isolated: Isolated, test: Callable[[BatchingRedis], Awaitable[None]]) -> None:
+    """`test` with a batching client of its own, on the test's Redis db."""
+
+    async def go() -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(isolated.redis_url, max_connections=4)
+        client = batching(pool)
+        try:
+            await test(client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def count_sends(client: BatchingRedis) -> list[int]:
+    """How many commands each pipeline the batcher sent carried."""
+    sizes: list[int] = []
+    send = client.batcher.send
+
+    async def counted(items: list[Any]) -> list[Any]:
+        sizes.append(sum(len(stack) for stack, _ in items))
+        return await send(items)
+
+    client.batcher.send = counted  # type: ignore[method-assign]
+    return sizes
+
+
+def test_concurrent_commands_share_one_round_trip(isolated: Isolated) -> None:
+    async def body(client: BatchingRedis) -> None:
+        sizes = count_sends(client)
+        replies = await asyncio.gather(*(client.incr(f"k{i % 10}") for i in range(100)))
+        assert sorted(replies) == sorted([n for n in range(1, 11) for _ in range(10)])
+        assert len(sizes) <= 2 and sum(sizes) == 100  # not 100 round trips
+        assert int(await client.get("k3") or 0) == 10
+
+    run(isolated, body)
+
+
+def test_each_caller_gets_its_own_replies_in_order(isolated: Isolated) -> None:
+    async def body(client: BatchingRedis) -> None:
+        async def job(n: int) -> list[object]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.rpush(f"list{n}", *range(n + 1))
+                pipe.lrange(f"list{n}", 0, -1)
+                return list(await pipe.execute())
+
+        results = await asyncio.gather(*(job(n) for n in range(20)))
+        for n, (length, items) in enumerate(results):
+            assert length == n + 1
+            assert items == [str(i).encode() for i in range(n + 1)]
+
+    run(isolated, body)
+
+
+def test_an_error_reaches_only_its_caller(isolated: Isolated) -> None:
+    async def body(client: BatchingRedis) -> None:
+        await client.set("text", "x")
+
+        async def wrong() -> object:
+            return await client.lpush("text", "y")  # WRONGTYPE
+
+        results = await asyncio.gather(
+            client.incr("n"), wrong(), client.incr("n"), return_exceptions=True
+        )
+        assert isinstance(results[1], ResponseError) and "WRONGTYPE" in str(results[1])
+        assert sorted(r for r in results if isinstance(r, int)) == [1, 2]
+
+        async with client.pipeline(transaction=False) as pipe:  # raise_on_error=False: inline
+            pipe.lpush("text", "y").incr("n")
+            error, n = await pipe.execute(raise_on_error=False)
+        assert isinstance(error, ResponseError) and n == 3
+
+    run(isolated, body)
+
+
+def test_a_blocking_read_does_not_hold_up_the_batch(isolated: Isolated) -> None:
+    async def body(client: BatchingRedis) -> None:
+        blocked = asyncio.ensure_future(client.brpop(["empty"], timeout=2))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        assert await client.set("quick", "1")
+        assert time.monotonic() - started < 1.0  # not after the two-second BRPOP
+        await client.lpush("empty", "v")
+        assert await blocked == (b"empty", b"v")
+
+    run(isolated, body)
+
+
+def test_transactions_still_run_atomically(isolated: Isolated) -> None:
+    async def body(client: BatchingRedis) -> None:
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.set("a", "1").incr("a")
+            assert await pipe.execute() == [True, 2]
+
+    run(isolated, body)
+
+
+def test_a_cancelled_caller_leaves_the_others_whole(isolated: Isolated) -> None:
+    async def body(client: BatchingRedis) -> None:
+        first = asyncio.ensure_future(client.incr("c"))
+        second = asyncio.ensure_future(client.incr("c"))
+        first.cancel()
+        assert await second in (1, 2)
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    run(isolated, body)
