@@ -10,9 +10,11 @@ the jobs ask for in one pass of the loop goes together: each caller awaits its o
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Generic, TypeVar, cast
 
 Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 class PassBatcher(Generic[Item]):
@@ -70,3 +72,41 @@ class PassBatcher(Generic[Item]):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+
+class SharedReads:
+    """The same read asked for by several jobs in one pass of the loop, made once for all.
+
+    Jobs accepted together start together and each reads its agent's context files and
+    tool grants: one query answers all of them. A read is shared only by callers that
+    asked before it was sent, so each still sees what was committed before it asked."""
+
+    def __init__(self) -> None:
+        self.pending: dict[Hashable, asyncio.Future[Any]] = {}
+
+    async def read(self, key: Hashable, fetch: Callable[[], Awaitable[Result]]) -> Result:
+        loop = asyncio.get_running_loop()
+        future = self.pending.get(key)
+        if future is None or future.get_loop() is not loop:
+            future = self.pending[key] = loop.create_future()
+            loop.call_soon(self._start, key, future, fetch)
+        return cast(Result, await asyncio.shield(future))  # one caller's cancel is its own
+
+    def _start(
+        self, key: Hashable, future: asyncio.Future[Any], fetch: Callable[[], Awaitable[Any]]
+    ) -> None:
+        if self.pending.get(key) is future:
+            del self.pending[key]  # later callers make a read of their own
+        task = asyncio.ensure_future(fetch())
+
+        def done(task: asyncio.Future[Any]) -> None:
+            if future.done():
+                return
+            if task.cancelled():
+                future.cancel()
+            elif (exc := task.exception()) is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(task.result())
+
+        task.add_done_callback(done)

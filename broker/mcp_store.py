@@ -13,10 +13,12 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
+from broker.batching import SharedReads
 from broker.mcp_config import Grant, McpServer, exposed_names, granted
 from broker.store import Store
 
 CATALOG_LOCK = 7_415_922_002
+_reads = SharedReads()
 
 
 class McpToolRow(BaseModel):
@@ -231,7 +233,12 @@ class McpStore:
 
 
 async def accessible_tools(pool: AsyncConnectionPool, agent: str, user: str) -> list[McpToolRow]:
-    """The catalog's tools this agent and user may use (grants applied)."""
+    """The catalog's tools this agent and user may use (grants applied); shared with the
+    jobs of the same agent and user that start in the same pass of the loop (read-only)."""
+    return await _reads.read((pool, agent, user), lambda: _accessible(pool, agent, user))
+
+
+async def _accessible(pool: AsyncConnectionPool, agent: str, user: str) -> list[McpToolRow]:
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(SELECT_GRANTS, (agent, user))

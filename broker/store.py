@@ -55,10 +55,6 @@ START_JOB = (
     " started_at = coalesce(started_at, now())"
     " WHERE id = %s AND status IN ('queued', 'running') RETURNING id"
 )
-FINISH_JOB = (
-    "UPDATE jobs SET status = %s, final_text = %s, error = %s, iterations = %s, finished_at = now()"
-    " WHERE id = %s"
-)
 SELECT_MESSAGES = (
     "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s ORDER BY seq"
 )
@@ -418,5 +414,9 @@ class AsyncStore:
     async def finish_job(
         self, job_id: str, status: str, final_text: str, error: str, iterations: int
     ) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute(FINISH_JOB, (status, final_text, error, iterations, job_id))
+        """The job's end, stored once this returns (with the other jobs' writes)."""
+        await self.writes.write(
+            Write(
+                "", job_id, iterations=iterations, status=status, final_text=final_text, error=error
+            )
+        )

@@ -1,7 +1,8 @@
 """The transcript writes of concurrent jobs: one statement per pass of the event loop.
 
 A turn writes the model's message, the calls it queues and the turn count, with the
-previous turn's tool results (their message and ledger rows) when those wait for it. Each
+previous turn's tool results (their message and ledger rows) when those wait for it; a
+job's end writes its status. Each
 job awaits its write before it sends its calls (a turn is stored before its calls go
 out), and thousands of jobs write at once: the writes handed in within one pass of the
 loop go to PostgreSQL as one statement, one transaction, one commit (broker/batching.py).
@@ -28,7 +29,8 @@ from broker.messages import CallOutcome
 WRITE_BATCH = (
     "WITH b AS MATERIALIZED (SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS b("
     " session text, job text, seq int, role text, content jsonb, turn int, calls jsonb,"
-    " iterations int, r_seq int, r_turn int, r_content jsonb, outcomes jsonb)),"
+    " iterations int, r_seq int, r_turn int, r_content jsonb, outcomes jsonb, status text,"
+    " final_text text, error text)),"
     # the previous turn's results: their message, and their calls' ledger rows
     " r AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
     " SELECT session, r_seq, job, 'tool', r_content FROM b WHERE r_seq IS NOT NULL"
@@ -53,8 +55,13 @@ WRITE_BATCH = (
     " SELECT b.job, b.turn, c.id, c.seq, c.name, c.input, 'queued', c.queue"
     " FROM b CROSS JOIN LATERAL jsonb_to_recordset(b.calls) AS c(id text, seq int,"
     " name text, input jsonb, queue text) ON CONFLICT DO NOTHING),"
-    " i AS (UPDATE jobs SET iterations = b.iterations FROM b"
-    " WHERE jobs.id = ANY(%(jobs)s) AND jobs.id = b.job AND b.iterations IS NOT NULL)"
+    # the turn count; at the job's end, its status too
+    " i AS (UPDATE jobs SET iterations = coalesce(b.iterations, jobs.iterations),"
+    " status = coalesce(b.status, jobs.status), final_text = coalesce(b.final_text,"
+    " jobs.final_text), error = coalesce(b.error, jobs.error), finished_at = CASE"
+    " WHEN b.status IS NULL THEN jobs.finished_at ELSE now() END FROM b"
+    " WHERE jobs.id = ANY(%(jobs)s) AND jobs.id = b.job"
+    " AND (b.iterations IS NOT NULL OR b.status IS NOT NULL))"
     " SELECT 1"
 )
 
@@ -69,7 +76,8 @@ class Results(NamedTuple):
 
 
 class Write(NamedTuple):
-    """One job's write: a message (when `role`), and results that wait for it."""
+    """One job's write: a message (when `role`), and results that wait for it; or its end
+    (when `status`)."""
 
     session: str
     job: str
@@ -80,6 +88,9 @@ class Write(NamedTuple):
     calls: list[tuple[str, str, dict[str, Any], str]] | None = None
     iterations: int | None = None
     results: Results | None = None
+    status: str | None = None
+    final_text: str = ""
+    error: str = ""
 
     def json(self) -> str:
         """This write as a row of the batch (outcomes as pydantic writes them)."""
@@ -87,6 +98,13 @@ class Write(NamedTuple):
         if self.role:
             row.update(seq=self.seq, role=self.role, content=self.content, turn=self.turn)
             row["iterations"] = self.iterations
+        if self.status is not None:
+            row.update(
+                status=self.status,
+                final_text=self.final_text,
+                error=self.error,
+                iterations=self.iterations,
+            )
         if self.calls:
             row["calls"] = [
                 {"id": c[0], "seq": n, "name": c[1], "input": c[2], "queue": c[3]}

@@ -3,7 +3,8 @@ kind gives users their own), in a set order, each cut at a cap with a note, then
 job's own system text.
 
 Read from PostgreSQL when the job starts, never cached in the process, so a change to
-SOUL.md is seen by the next job on every orchestrator."""
+SOUL.md is seen by the next job on every orchestrator (jobs that start together share one
+read, made after each of them asked)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from broker.batching import SharedReads
 from broker.context_files import PER_USER_WHEN_PREDEFINED, PROMPT_FILES_SQL
 from broker.settings import Settings
 
+_reads = SharedReads()
 HEADER = (
     "# Project context\n"
     "These context files say who you are and how to work; follow them. Change them with "
@@ -61,13 +64,19 @@ def assemble(files: dict[str, str], settings: Settings, system: str = "") -> str
 async def context_files(
     pool: AsyncConnectionPool[Any], agent_id: str, user_id: str
 ) -> dict[str, str]:
-    async with pool.connection() as conn:
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
-            PROMPT_FILES_SQL, (agent_id, user_id, user_id, list(PER_USER_WHEN_PREDEFINED))
-        )
-        rows = await cur.fetchall()
-    return {row["name"]: row["content"] for row in rows}
+    """name → content (shared with the jobs of the same agent and user that start in the
+    same pass of the loop: read-only)."""
+
+    async def fetch() -> dict[str, str]:
+        async with pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                PROMPT_FILES_SQL, (agent_id, user_id, user_id, list(PER_USER_WHEN_PREDEFINED))
+            )
+            rows = await cur.fetchall()
+        return {row["name"]: row["content"] for row in rows}
+
+    return await _reads.read((pool, agent_id, user_id), fetch)
 
 
 async def system_prompt(

@@ -4,6 +4,7 @@ still get their own replies and errors."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,6 +14,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from broker.autopipe import BatchingRedis, batching
+from broker.batching import SharedReads
 from tests.conftest import Isolated
 
 
@@ -123,3 +125,43 @@ def test_a_cancelled_caller_leaves_the_others_whole(isolated: Isolated) -> None:
             await first
 
     run(isolated, body)
+
+
+def test_identical_reads_of_one_pass_are_made_once() -> None:
+    made: list[str] = []
+
+    async def go() -> None:
+        reads = SharedReads()
+
+        async def fetch(key: str) -> dict[str, str]:
+            made.append(key)
+            await asyncio.sleep(0.01)
+            return {"key": key}
+
+        together = await asyncio.gather(
+            *(reads.read(k, functools.partial(fetch, k)) for k in ["a", "a", "b", "a"])
+        )
+        assert [r["key"] for r in together] == ["a", "a", "b", "a"]
+        assert sorted(made) == ["a", "b"]  # one read per key for the whole pass
+        # a read already sent is not joined: who asks later gets a read of its own
+        first = asyncio.ensure_future(reads.read("a", lambda: fetch("a")))
+        await asyncio.sleep(0.001)
+        second = await reads.read("a", lambda: fetch("a"))
+        assert (await first) == second and made.count("a") == 3
+
+    asyncio.run(go())
+
+
+def test_a_failed_shared_read_fails_each_caller() -> None:
+    async def go() -> None:
+        reads = SharedReads()
+
+        async def broken() -> None:
+            raise ValueError("no database")
+
+        results = await asyncio.gather(
+            reads.read("k", broken), reads.read("k", broken), return_exceptions=True
+        )
+        assert all(isinstance(r, ValueError) for r in results)
+
+    asyncio.run(go())

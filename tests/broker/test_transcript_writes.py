@@ -151,3 +151,26 @@ def test_a_bad_write_fails_alone_and_the_batch_is_stored(isolated: Isolated) -> 
     rows = conn.execute("SELECT job_id, content->>'text' AS t FROM messages").fetchall()
     assert [(r["job_id"], r["t"]) for r in rows] == [("j", "kept")]
     conn.close()
+
+
+def test_a_jobs_end_rides_in_the_batch_of_other_jobs_turns(isolated: Isolated) -> None:
+    sync = Store(isolated.database_url)
+    sync.create_job("k", "t", JobSpec(prompt="p", workspace="/tmp"))
+    sync.close()
+
+    async def body(store: AsyncStore) -> None:
+        await asyncio.gather(
+            store.finish_job("j", "completed", "the answer", "", 3),
+            store.append_message("t", "k", 0, "assistant", {"text": "go"}, 0, None, 1),
+        )
+
+    conn = run(isolated, body)
+    jobs = conn.execute(
+        "SELECT id, status, final_text, iterations, finished_at IS NOT NULL AS ended FROM jobs"
+        " ORDER BY id"
+    ).fetchall()
+    assert [(j["id"], j["status"], j["final_text"], j["iterations"], j["ended"]) for j in jobs] == [
+        ("j", "completed", "the answer", 3, True),
+        ("k", "queued", "", 1, False),
+    ]
+    conn.close()
