@@ -340,15 +340,18 @@ class AsyncStore:
             cur = await conn.execute(START_JOB, (orchestrator_id, job_id))
             return (await cur.fetchone()) is not None
 
-    async def orphan_candidates(self) -> list[tuple[str, str]]:
+    async def orphan_candidates(self, among: list[str] | None = None) -> list[tuple[str, str]]:
         """(job, the orchestrator that started it) for running jobs, and taken subagents
         that have waited a while for a slot (their message is consumed: `chain` is set);
-        those without a live lease are resumed by whoever sees them."""
+        those without a live lease are resumed by whoever sees them. `among`: only these
+        (the sweep looks again at the few it means to resume: most finished meanwhile)."""
+        only = " AND id = ANY(%s)" if among is not None else ""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT id, orchestrator FROM jobs WHERE status = 'running' OR (status = 'queued'"
-                " AND chain IS NOT NULL AND created_at < now() - interval '30 seconds')"
-                " ORDER BY created_at LIMIT 1000"
+                "SELECT id, orchestrator FROM jobs WHERE (status = 'running' OR (status ="
+                " 'queued' AND chain IS NOT NULL AND created_at < now() - interval '30 seconds'))"
+                f"{only} ORDER BY created_at LIMIT 1000",
+                (among,) if among is not None else None,
             )
             return [(row[0], row[1]) for row in await cur.fetchall()]
 

@@ -232,24 +232,52 @@ class Orchestrator:
         if inflight:
             await asyncio.wait(inflight, timeout=5)
 
-    async def accept(self, job_id: str, chain: list[Any] | None = None) -> None:
+    async def _orphans(self) -> list[str]:
+        """Unfinished jobs that nobody holds: no lease, and started by no live orchestrator
+        but this one (a live one's lease may lapse while its loop is slow to take a reply;
+        it sweeps its own jobs, and a dead one's presence is gone). Looked at again in
+        the database at the end: most of a long list finish while it is checked."""
+        candidates = [
+            (job, owner)
+            for job, owner in await self.store.orphan_candidates()
+            if job not in self.jobs
+        ]
+        if not candidates:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job, owner in candidates:
+                pipe.exists(keys.lease(job))
+                pipe.exists(keys.proc(owner if owner and owner != self.id else ""))
+            held = await pipe.execute()
+        unheld = [
+            job
+            for (job, _), leased, alive in zip(candidates, held[::2], held[1::2], strict=True)
+            if not leased and not alive
+        ]
+        if not unheld:
+            return []
+        return [job for job, _ in await self.store.orphan_candidates(unheld)]
+
+    async def accept(self, job_id: str, chain: list[Any] | None = None) -> bool:
         """Claim the job's lease and start (or resume) it; a job leased elsewhere is left.
 
         `chain` (from the queue message) is the rest of its task graph; it is stored first,
         so the message can be acknowledged and a resumed run still continues the graph.
-        A subagent also needs its running slot; with none free it waits (`recover`)."""
+        A subagent also needs its running slot; with none free it waits (`recover`).
+        Whether it started here."""
         if job_id in self.jobs or job_id in self.accepting:
-            return
+            return False
         self.accepting.add(job_id)
         try:
             run = await self._claim(job_id, chain)
         finally:
             self.accepting.discard(job_id)
         if run is None:
-            return
+            return False
         if run.spec.depth > 0:
             self.children.add(job_id)
         self.jobs[job_id] = asyncio.create_task(self._drive(run), name=f"job-{job_id}")
+        return True
 
     async def _claim(self, job_id: str, chain: list[Any] | None) -> JobRun | None:
         """Slot, lease, then one statement that keeps the chain and starts the job (a
@@ -485,14 +513,8 @@ class Orchestrator:
             await asyncio.sleep(RECOVERY_INTERVAL_S)
             try:
                 await self.agent_queue.restore_dead()
-                for job_id, owner in await self.store.orphan_candidates():
-                    if job_id in self.jobs or await self.redis.exists(keys.lease(job_id)):
-                        continue
-                    # a live orchestrator's lease may lapse while its loop is slow to take
-                    # a reply; it sweeps its own jobs (a dead one's presence is gone)
-                    if owner and owner != self.id and await self.redis.exists(keys.proc(owner)):
-                        continue
-                    log.warning("resuming job %s: its orchestrator is gone", job_id)
-                    await self.accept(job_id)
+                for job_id in await self._orphans():
+                    if await self.accept(job_id):
+                        log.warning("resumed job %s: no live orchestrator held it", job_id)
             except Exception:
                 log.exception("recovery sweep failed")
