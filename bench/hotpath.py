@@ -18,7 +18,9 @@
     agents queue, the workers) let a second one add what the first adds. The quota is
     small enough that the workers, Redis and PostgreSQL serving two of them still fit in
     the machine's cores (at 0.35 cores each they did not: the machine, not the design,
-    capped the second).
+    capped the second), and each held orchestrator is given `BENCH_HELD_JOBS` jobs (two
+    get twice as many): an orchestrator batches what its jobs send, so its cost per turn
+    falls as its load grows, and halving each one's load would measure that instead.
 
 Jobs are submitted in bulk (the rows in one pipelined transaction, the agent runs in one
 Redis pipeline): the client's own cost is not the orchestrator's. `BENCH_PROFILE=DIR` runs
@@ -427,12 +429,13 @@ def many(console: Console, bench: Any, process: Any, wait_for: Callable[..., Non
         reset(bench)
         one = many_jobs(bench, process, wait_for, HELD_JOBS, 1, held=HELD_CPU)
         reset(bench)
-        two = many_jobs(bench, process, wait_for, HELD_JOBS, 2, held=HELD_CPU)
+        two = many_jobs(bench, process, wait_for, 2 * HELD_JOBS, 2, held=HELD_CPU)
     except OSError as exc:
         console.print(f"(k) held to {HELD_CPU:g} cores per orchestrator: not measured ({exc})")
         return
     title = (
-        f"(k) each orchestrator held to {HELD_CPU:g} cores (a cgroup CPU quota); "
+        f"(k) each orchestrator held to {HELD_CPU:g} cores (a cgroup CPU quota) and given "
+        f"{HELD_JOBS} jobs; "
         f"{FS_WORKERS} fs worker processes; {_cores()} cores"
     )
     held_rows = [(1, one, 1.0), (2, two, two["turns_per_s"] / (2 * one["turns_per_s"]))]

@@ -38,14 +38,9 @@ class PassBatcher(Generic[Item]):
 
     def _schedule(self) -> None:
         if self.waiting and not self.scheduled and len(self.sending) < self.in_flight:
-            self.scheduled = True  # runs after every job that is ready in this pass
-            asyncio.get_running_loop().call_soon(self._start)
-
-    def _start(self) -> None:
-        self.scheduled = False
-        batch, self.waiting = self.waiting, []
-        if batch:
-            task = asyncio.ensure_future(self._send(batch))
+            self.scheduled = True
+            # a new task's first step runs after every job that is ready in this pass
+            task = asyncio.ensure_future(self._send())
             self.sending.add(task)
             task.add_done_callback(self._sent)
 
@@ -53,7 +48,9 @@ class PassBatcher(Generic[Item]):
         self.sending.discard(task)
         self._schedule()
 
-    async def _send(self, batch: list[tuple[Item, asyncio.Future[Any]]]) -> None:
+    async def _send(self) -> None:
+        self.scheduled = False
+        batch, self.waiting = self.waiting, []
         try:
             results = await self.send([item for item, _ in batch])
         except asyncio.CancelledError:
