@@ -2,10 +2,10 @@
 
 A turn writes the model's message, the calls it queues and the turn count, with the
 previous turn's tool results (their message and ledger rows) when those wait for it; a
-job's end writes its status. Each
-job awaits its write before it sends its calls (a turn is stored before its calls go
-out), and thousands of jobs write at once: the writes handed in within one pass of the
-loop go to PostgreSQL as one statement, one transaction, one commit (broker/batching.py).
+job's end writes its status. Each job awaits its write before it sends its calls (a turn
+is stored before its calls go out), and thousands of jobs write at once: the writes
+handed in within one pass of the loop go to PostgreSQL as one statement, one
+transaction, one commit (broker/batching.py).
 
 A batch that fails on a row (a constraint, bad data) is written again one write at a
 time, so only the write at fault fails; a connection that fails fails the whole batch,
@@ -94,17 +94,15 @@ class Write(NamedTuple):
 
     def json(self) -> str:
         """This write as a row of the batch (outcomes as pydantic writes them)."""
-        row: dict[str, Any] = {"session": self.session, "job": self.job}
+        row: dict[str, Any] = {
+            "session": self.session,
+            "job": self.job,
+            "iterations": self.iterations,
+        }
         if self.role:
             row.update(seq=self.seq, role=self.role, content=self.content, turn=self.turn)
-            row["iterations"] = self.iterations
         if self.status is not None:
-            row.update(
-                status=self.status,
-                final_text=self.final_text,
-                error=self.error,
-                iterations=self.iterations,
-            )
+            row.update(status=self.status, final_text=self.final_text, error=self.error)
         if self.calls:
             row["calls"] = [
                 {"id": c[0], "seq": n, "name": c[1], "input": c[2], "queue": c[3]}

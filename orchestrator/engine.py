@@ -244,15 +244,21 @@ class Orchestrator:
         ]
         if not candidates:
             return []
+        others = sorted({owner for _, owner in candidates if owner and owner != self.id})
         async with self.redis.pipeline(transaction=False) as pipe:
-            for job, owner in candidates:
+            for job, _ in candidates:
                 pipe.exists(keys.lease(job))
-                pipe.exists(keys.proc(owner if owner and owner != self.id else ""))
-            held = await pipe.execute()
+            for owner in others:
+                pipe.exists(keys.proc(owner))
+            found = await pipe.execute()
+        leased = found[: len(candidates)]
+        alive = {
+            owner for owner, live in zip(others, found[len(candidates) :], strict=True) if live
+        }
         unheld = [
             job
-            for (job, _), leased, alive in zip(candidates, held[::2], held[1::2], strict=True)
-            if not leased and not alive
+            for (job, owner), held in zip(candidates, leased, strict=True)
+            if not held and owner not in alive
         ]
         if not unheld:
             return []
