@@ -12,7 +12,8 @@ Code confine theirs). Under bubblewrap (`CLAWQ_EXEC_CONFINEMENT=auto|bwrap`):
   and no capabilities (as root, only those to own and write files of the workspace);
 - there is no network unless the job or its agent allows it (an allow rule `network`,
   or `CLAWQ_EXEC_NETWORK`); then it is the host's network;
-- it dies with its worker (`--die-with-parent`), and killing bubblewrap kills the tree.
+- it dies with its worker (`--die-with-parent`), and killing bubblewrap kills the tree;
+  an `exec` command is also tied to its worker by a pipe (see `TIED`).
 
 `auto` confines where bubblewrap works and otherwise warns once at worker start; `bwrap`
 fails every call closed where it does not work; `none` runs commands as the worker.
@@ -38,6 +39,13 @@ HOME_SECRETS = (".ssh", ".aws", ".config", ".gnupg", ".kube", ".docker", ".netrc
 # root keeps only what writing the workspace's files needs (they may belong to others)
 ROOT_CAPS = ("CAP_DAC_OVERRIDE", "CAP_CHOWN", "CAP_FOWNER")
 PROBE_TIMEOUT_S = 10.0
+# bubblewrap's --die-with-parent leaves a window of a few milliseconds after its start in
+# which a killed worker leaves the sandbox running, reparented to init (measured: 9 of 10
+# sandboxes survived a kill 6 ms after the spawn), and a redelivered call would then run
+# beside it. So a tied command's stdin is a pipe only its worker holds open: a watcher in
+# the sandbox reads it, and at its end (the worker gone) kills the PID namespace's tree.
+# The command itself gets /dev/null as its stdin, as an untied one does.
+TIED = 'exec 3<&0; { read -r _ <&3; kill -KILL -1; } & exec 3<&- </dev/null; exec "$0" -c "$1"'
 
 
 class ConfinementError(Exception):
@@ -64,8 +72,11 @@ class Confinement:
         cwd: str,
         network: bool = False,
         info_fd: int | None = None,
+        tied: bool = False,
     ) -> list[str]:
-        """The argv that runs `sh -c command` in `cwd` under this confinement."""
+        """The argv that runs `sh -c command` in `cwd` under this confinement; `tied`: its
+        stdin is the lifeline of `TIED` (only under bubblewrap, whose PID namespace bounds
+        the watcher's kill)."""
         if self.unavailable:
             raise ConfinementError(
                 "exec confinement is required (CLAWQ_EXEC_CONFINEMENT=bwrap) but bubblewrap "
@@ -74,6 +85,8 @@ class Confinement:
         shell = [SHELL, "-c", command]
         if not self.confined:
             return shell
+        if tied:
+            shell = [SHELL, "-c", TIED, SHELL, command]
         return [*self._bwrap(workspace, cwd, network, info_fd), "--", *shell]
 
     def _bwrap(self, workspace: str, cwd: str, network: bool, info_fd: int | None) -> list[str]:

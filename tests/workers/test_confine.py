@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -145,6 +146,44 @@ def test_a_timeout_kills_the_whole_tree(run_tool: Runner) -> None:
     assert result.is_error and "timed out after 1s" in result.for_llm
     assert time.monotonic() - started < 8
     gone_within(mark, 2.0)
+
+
+def run_and_die(run_tool: Runner, command: str, delay_s: float) -> int:
+    """Run `command` with exec in a forked worker that is killed `delay_s` after the
+    command is spawned; its wait status."""
+    child = os.fork()
+    if child == 0:
+        try:
+            spawn = subprocess.Popen
+
+            def popen(*args: object, **kwargs: object) -> object:
+                proc = spawn(*args, **kwargs)  # type: ignore[call-overload]
+                threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                return proc
+
+            subprocess.Popen = popen  # type: ignore[assignment,misc]
+            run_tool("exec", command=command)
+        finally:
+            os._exit(1)  # never back into pytest
+    return os.waitpid(child, 0)[1]
+
+
+def test_a_worker_killed_as_its_command_starts_leaves_nothing_running(run_tool: Runner) -> None:
+    """bubblewrap's own --die-with-parent misses a worker killed in its first milliseconds
+    (the sandbox lived on under init, and a redelivered call ran beside it): every moment
+    of the start is tried, and no command outlives its worker."""
+    confined()
+    marks = [token() for _ in range(16)]
+    try:
+        for delay_ms, mark in enumerate(marks):
+            status = run_and_die(run_tool, f"sleep {mark}", delay_ms / 1000)
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        for mark in marks:
+            gone_within(mark, 3.0)
+    finally:
+        for mark in marks:
+            for pid in pids_with(mark):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_cancel_kills_the_whole_tree(run_tool: Runner) -> None:

@@ -148,7 +148,7 @@ class Process(Tool[ProcessInput]):
         (state / "cmd").write_text(args.command or "")
         (state / "cwd").write_text(cwd)
         if not ctx.settings.sandbox_enabled:  # on this host, confined as exec is
-            argv, _ = host_argv(ctx, workspace(ctx).root, cwd, args.command or "", INFO_FD)
+            argv = host_argv(ctx, workspace(ctx).root, cwd, args.command or "", INFO_FD).argv
             (state / "argv").write_text(json.dumps(argv))
         else:  # run it in the session's container
             (state / "sandbox_key").write_text(ctx.context.sandbox_key or session_of(ctx))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from pydantic import Field
 
@@ -175,22 +175,38 @@ def run_shell(
             raise ToolError("the sandbox is enabled but this worker has none; not running")
         done = _in_sandbox(ctx.sandbox, ctx, ws.root, cwd, command, timeout, env or {})
     else:
-        argv, where = host_argv(ctx, ws.root, cwd, command)
+        host = host_argv(ctx, ws.root, cwd, command, tied=True)
         cap = ctx.settings.exec_output_cap_bytes
-        done = _on_host(argv, cwd, timeout, cap, ctx.cancelled, where, env or {})
+        done = _on_host(host, cwd, timeout, cap, ctx.cancelled, env or {})
     return _result(command, done, timeout, time.monotonic() - started)
 
 
+class HostCommand(NamedTuple):
+    """How a command runs on this host: its argv, where that is (for results), and whether
+    its stdin must be its worker's lifeline (`confine.TIED`)."""
+
+    argv: list[str]
+    where: str
+    tied: bool
+
+
 def host_argv(
-    ctx: ToolContext, root: str, cwd: str, command: str, info_fd: int | None = None
-) -> tuple[list[str], str]:
-    """How `command` runs on this host (confined or not), and where that is, for results."""
+    ctx: ToolContext,
+    root: str,
+    cwd: str,
+    command: str,
+    info_fd: int | None = None,
+    tied: bool = False,
+) -> HostCommand:
+    """How `command` runs on this host (confined or not); `tied`: it dies with this worker
+    even in bubblewrap's first milliseconds."""
     confinement = confine.for_settings(ctx.settings)
+    tied = tied and confinement.confined
     try:
-        argv = confinement.argv(command, root, cwd, ctx.context.network, info_fd)
+        argv = confinement.argv(command, root, cwd, ctx.context.network, info_fd, tied)
     except confine.ConfinementError as exc:
         raise ToolError(str(exc)) from exc
-    return argv, "host (bwrap)" if confinement.confined else "host"
+    return HostCommand(argv, "host (bwrap)" if confinement.confined else "host", tied)
 
 
 CANCEL_POLL_S = 0.2  # how often a running command looks for a cancel
@@ -216,26 +232,46 @@ def command_env(cwd: str, extra: dict[str, str] | None = None) -> dict[str, str]
 
 
 def _on_host(
-    argv: list[str],
+    host: HostCommand,
     cwd: str,
     timeout: float,
     cap: int,
     cancelled: Callable[[], str | None],
-    where: str,
     extra_env: dict[str, str] | None = None,
 ) -> _Done:
-    """Run `argv` in its own process group; a timeout or a cancel kills the group (under
-    bubblewrap, killing it tears down the command's whole PID namespace)."""
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=command_env(cwd, extra_env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, killed as a whole
-        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
-    )
+    """Run the command in its own process group; a timeout or a cancel kills the group
+    (under bubblewrap, killing it tears down the command's whole PID namespace)."""
+    lifeline, held = os.pipe() if host.tied else (subprocess.DEVNULL, None)
+    try:
+        try:
+            proc = subprocess.Popen(
+                host.argv,
+                cwd=cwd,
+                env=command_env(cwd, extra_env),
+                stdin=lifeline,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group, killed as a whole
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+            )
+        finally:
+            if held is not None:
+                os.close(lifeline)  # the child has its copy; this process keeps `held`
+        return _supervise(proc, host.where, timeout, cap, cancelled)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes],
+    where: str,
+    timeout: float,
+    cap: int,
+    cancelled: Callable[[], str | None],
+) -> _Done:
+    """Wait for `proc` with its output capped, killing its group at the deadline or a
+    cancel."""
     assert proc.stdout is not None and proc.stderr is not None
     out = _Capture(proc.stdout, cap)
     err = _Capture(proc.stderr, cap)
