@@ -185,7 +185,7 @@ class Bench:
         os.environ["BENCH_REDIS_URL"] = self.redis_url
         from bench import bare
 
-        clawq_worker = [PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "prefork")]
+        clawq_worker = [PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "direct")]
         times: dict[str, list[float]] = {"clawq": [], "bare": [], "echo": []}
         per_block = max(1, ROUND_TRIPS // ROUNDS)
         with (
@@ -598,8 +598,8 @@ def calls(bench: Bench) -> None:
     """(a) and (b): a no-op call's round trip and calls per second, against bare Celery."""
     console.print(
         f"(a)/(b): {ROUND_TRIPS} sequential no-op calls in {ROUNDS} blocks alternating with "
-        f"the baselines', then {THROUGHPUT_CALLS} concurrent; one prefork worker process "
-        "(-c 1) each"
+        f"the baselines', then {THROUGHPUT_CALLS} concurrent; one worker process each (clawq's "
+        "default pool, bare Celery's prefork -c 1)"
     )
     found = bench.round_trips()
     ours, bare, echo = found["clawq"], found["bare"], found["echo"]

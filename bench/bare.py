@@ -18,7 +18,7 @@ def noop() -> str:
     return "ok"
 
 
-# its worker, as (a) and (i) start it: prefork, one process, like clawq's in those sections
+# its worker, as (a) and (i) start it: one executing process, Celery's default pool (prefork)
 WORKER = [sys.executable, "-m", "celery", "-A", "bench.bare", "worker", "-P", "prefork"]
 WORKER += ["-c", "1", "--without-gossip", "--without-mingle", "--without-heartbeat"]
 WORKER += ["-l", "warning", "-Q", "celery"]

@@ -1,10 +1,11 @@
 """(i) to (k): the hot path of an agent turn, through the whole system.
 
 (i) `BENCH_TURNS` turns, each with one `list_files` call, on one orchestrator and one fs
-    worker process (prefork, -c 1): the median time from one `turn_started` to the next
-    (model turn, transcript, gate, dispatch, worker, outcome, record), against bare Celery
-    `delay().get()` of a no-op task on the same kind of worker, in the same run: three
-    jobs and three blocks of round trips, alternating;
+    worker process (clawq's default pool): the median time from one `turn_started` to the
+    next (model turn, transcript, gate, dispatch, worker, outcome, record), against bare
+    Celery `delay().get()` of a no-op task on one worker process of Celery's default pool
+    (prefork -c 1), in the same run: three jobs and three blocks of round trips,
+    alternating;
 (j) `BENCH_HOT_JOBS` (10,000) scripted jobs submitted at once (3 turns with one read_file
     each, then an answer) on one orchestrator process allowed to run them all at once:
     model turns per second, the highest number running at once, the orchestrator's peak
@@ -239,7 +240,7 @@ def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
 
     env = stack_env(bench, 10)
     cli = [PY, "-m", "orchestrator.cli"]
-    worker = [PY, "-m", "bench.noop", "1", "prefork"]  # the fs tools, and a no-op (unused)
+    worker = [PY, "-m", "bench.noop", "1", "direct"]  # the fs tools, and a no-op (unused)
     clawq: dict[str, list[float]] = {"turns": [], "before": [], "calls": [], "after": []}
     bare_times: list[float] = []
     with (

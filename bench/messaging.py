@@ -1,7 +1,7 @@
 """(q) messages through the outbox: `message` sends to a signed webhook on a local server,
 (1) in-process, one after another (outbox claim + HMAC + egress client + outbox record),
 against bare httpx posting the same body sequentially; (2) through the messaging queue and
-one worker process (4 prefork children), 400 concurrent calls, against bare httpx from 4
+one worker of 4 processes, 400 concurrent calls, against bare httpx from 4
 threads. Every message must arrive once."""
 
 from __future__ import annotations

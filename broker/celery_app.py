@@ -35,7 +35,8 @@ def create_app(settings: Settings, ack_emulation: bool = True) -> Celery:
     taken but not yet begun when its whole worker died is answered after the
     schedule-to-start timeout, as it is with the emulation (whose hour comes later). A
     prefork child's death still requeues its message (`reject_on_worker_lost`), and a
-    warm shutdown still gives back what it had not started.
+    warm shutdown still gives back what it had not started (a process of a `direct`
+    worker holds only the call it runs).
     """
     app = Celery("clawq", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
@@ -51,10 +52,9 @@ def create_app(settings: Settings, ack_emulation: bool = True) -> Celery:
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         worker_concurrency=settings.worker_concurrency,
-        worker_pool=settings.worker_pool,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_hijack_root_logger=False,
-        worker_pool_restarts=True,  # the gateway's pool_restart (prefork workers)
+        worker_pool_restarts=True,  # the gateway's pool_restart
         worker_send_task_events=settings.task_events,
         task_send_sent_event=False,
         broker_connection_retry_on_startup=True,

@@ -385,7 +385,10 @@ class Settings(BaseSettings):
 
     # workers
     worker_concurrency: int = Field(4, ge=1)
-    worker_pool: str = "prefork"
+    worker_pool: Literal["direct", "prefork", "threads", "solo"] = Field(
+        "direct",
+        description="direct: N processes that each take their own calls (no hand-over)",
+    )
     task_events: bool = Field(
         False, description="Celery task events for Flower; measured at ~4 ms a call (make bench)"
     )

@@ -72,7 +72,12 @@ def main() -> None:
     help="Tool group whose queue this worker consumes.",
 )
 @click.option("--concurrency", type=int, default=None, help="Executing processes/threads.")
-@click.option("--pool", type=click.Choice(["prefork", "threads", "solo"]), default=None)
+@click.option(
+    "--pool",
+    type=click.Choice(["direct", "prefork", "threads", "solo"]),
+    default=None,
+    help="direct (the default): N processes that each take their own calls.",
+)
 @log_option
 def worker(group: str, concurrency: int | None, pool: str | None, log_level: str) -> None:
     """Run a Celery worker executing the tools of one group (any number, on any host)."""

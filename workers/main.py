@@ -8,6 +8,8 @@ from broker.celery_app import UNLEDGERED_QUEUES, create_app
 from broker.messages import Group
 from broker.settings import Settings
 from workers import confine
+from workers.pool import SINGLE_CALL_POOL
+from workers.processes import Processes
 from workers.registry import Registry
 from workers.tasks import register_tool_tasks
 from workers.tools.process import host_queue
@@ -46,7 +48,9 @@ def run_worker(
         pool = pool or "threads"
         concurrency = concurrency or settings.ui_worker_concurrency
     pool = pool or settings.worker_pool
-    app.conf.worker_pool = pool  # the pool the signals in workers.tasks see
+    concurrency = concurrency or settings.worker_concurrency
+    # `direct`: N processes, each a Celery worker taking its own calls (workers/processes.py)
+    app.conf.worker_pool = "solo" if pool == "direct" else pool  # what the signals see
     queues = [group]
     if group == Group.runtime.value:  # calls about a host's background processes
         queues.append(host_queue(settings.node()))
@@ -56,20 +60,16 @@ def run_worker(
 
         queues.append(process_queue())
     metrics.serve(settings.worker_metrics_port)  # this host's worker processes, summed
-    app.worker_main(
-        [
-            "worker",
-            "-Q",
-            ",".join(queues),
-            "-n",
-            f"{group}.{os.getpid()}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency or settings.worker_concurrency),
-            "-l",
-            log_level.upper(),
-        ]
-    )
+    args = ["worker", "-Q", ",".join(queues), "--without-gossip", "--without-mingle"]
+    args += ["-l", log_level.upper()]
+    if pool != "direct":
+        app.worker_main(
+            [*args, "-n", f"{group}.{os.getpid()}@%h", "-P", pool, "-c", str(concurrency)]
+        )
+        return
+
+    def one_process() -> None:
+        app.conf.worker_pool = SINGLE_CALL_POOL  # not a name Celery's CLI knows: by setting
+        app.worker_main([*args, "-n", f"{group}.{os.getpid()}@%h", "-c", "1"])
+
+    Processes(concurrency, one_process).run()

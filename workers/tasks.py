@@ -101,10 +101,11 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
 
             manager_for_process(settings)
 
-    # prefork children start at fork; solo/threads pools in the main process
+    # prefork children and solo pools start at their pool's init; a threads pool, once
+    # the worker is ready
     signals.worker_process_init.connect(lambda **_: start(), weak=False)
     signals.worker_ready.connect(
-        lambda sender=None, **_: start() if app.conf.worker_pool != "prefork" else None,
+        lambda sender=None, **_: start() if app.conf.worker_pool == "threads" else None,
         weak=False,
     )
     signals.worker_process_shutdown.connect(lambda **_: stop_runtime(), weak=False)

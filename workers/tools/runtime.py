@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +20,7 @@ from broker.messages import Group
 from broker.settings import Settings
 from workers import confine
 from workers.paths import PROTECTED_DIRS
+from workers.processes import tie_to_parent
 from workers.safety import judge_line, unknown_targets
 from workers.sandbox import Sandbox, SandboxError
 from workers.shell import ParsedShell, SimpleCommand, command_pattern, parse_shell
@@ -252,7 +251,7 @@ def _on_host(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group, killed as a whole
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                preexec_fn=functools.partial(tie_to_parent, os.getpid()),  # dies with its worker
             )
         finally:
             if held is not None:
@@ -344,20 +343,6 @@ def _result(command: str, done: _Done, timeout: float, elapsed: float) -> ToolRe
         is_error=done.exit_code != 0,
         metadata={"exit_code": done.exit_code, "seconds": round(elapsed, 3), "where": done.where},
     )
-
-
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the child: be killed if the worker dies, so a killed worker's command stops
-    instead of running on unowned (a redelivered call would otherwise run beside it).
-    A worker that died between the fork and the prctl sent no signal: exit at once."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(137)
 
 
 READ_ONLY = frozenset(

@@ -1,0 +1,132 @@
+"""A `direct` worker (the default pool): N processes that each take their own calls, with
+prefork's time limits and prefork's replacement of a process that died."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from broker.messages import CallContext, CallEnvelope, CallOutcome
+from broker.presence import live_processes
+from orchestrator.dispatch import running_dispatcher
+from tests.conftest import Isolated
+from tests.integration.conftest import wait_until
+
+GRACE_S = 1.0  # soft limit: a call's timeout + 1 s; hard limit: + 2 s
+
+
+@pytest.fixture
+def worker() -> Iterator[tuple[Isolated, subprocess.Popen[bytes]]]:
+    iso = Isolated(tool_grace_s=GRACE_S, heartbeat_interval_s=0.5, heartbeat_ttl_s=3)
+    env = {
+        **os.environ,
+        **iso.env(),
+        "CLAWQ_TOOL_GRACE_S": str(GRACE_S),
+        "CLAWQ_HEARTBEAT_INTERVAL_S": "0.5",
+        "CLAWQ_HEARTBEAT_TTL_S": "3",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "tests.stall_worker", "2", "direct"], env=env)
+    try:
+        wait_until(lambda: len(pids(iso)) == 2, what="two worker processes heartbeating")
+        yield iso, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+        iso.drop()
+
+
+def pids(iso: Isolated) -> set[int]:
+    with redis.Redis.from_url(iso.redis_url) as client:
+        return {int(p["pid"]) for p in live_processes(client) if p.get("queue") == "fs"}
+
+
+def call(iso: Isolated, call_id: str, timeout_s: float, **input_: Any) -> CallOutcome:
+    async def go() -> CallOutcome:
+        async with running_dispatcher(iso.settings, f"test-{call_id}") as dispatcher:
+            watchdog = asyncio.create_task(dispatcher.watchdog())  # resends a killed call
+            try:
+                envelope = CallEnvelope(
+                    call_id=call_id,
+                    job_id="j",
+                    turn=0,
+                    session_id="s",
+                    tool="stall",
+                    input=input_,
+                    context=CallContext(workspace="/tmp"),
+                    timeout_s=timeout_s,
+                    deadline=time.time() + 120,
+                    reply_to=dispatcher.reply_key,
+                    max_deliveries=2,
+                )
+                return await asyncio.wait_for(dispatcher.call(envelope, "fs"), 90)
+            finally:
+                watchdog.cancel()
+
+    return asyncio.run(go())
+
+
+def test_calls_run_in_the_processes_themselves(worker: tuple[Isolated, Any]) -> None:
+    iso, _ = worker
+    outcomes = [call(iso, f"quick{i}", 5, seconds=0) for i in range(6)]
+    assert all(o.for_llm == "slept" and not o.is_error for o in outcomes)
+    # the process that ran a call is one of the two heartbeating ones, not a child of theirs
+    ran = {int(o.worker.rsplit(":", 1)[1]) for o in outcomes}
+    assert ran <= pids(iso)
+
+
+def test_the_soft_limit_stops_the_call_and_the_process_goes_on(
+    worker: tuple[Isolated, Any],
+) -> None:
+    iso, _ = worker
+    before = pids(iso)
+    started = time.monotonic()
+    outcome = call(iso, "soft", 0.5, seconds=30)  # soft limit at 1.5 s
+    assert outcome.is_error and "SoftTimeLimitExceeded" in outcome.for_llm, outcome.for_llm
+    assert time.monotonic() - started < 10
+    assert outcome.attempts == 1
+    assert pids(iso) == before  # nobody died
+    after = call(iso, "after-soft", 5, seconds=0)
+    assert after.for_llm == "slept"
+
+
+def test_the_hard_limit_kills_the_process_and_another_takes_its_place(
+    worker: tuple[Isolated, Any],
+) -> None:
+    iso, _ = worker
+    before = pids(iso)
+    # swallows the soft limit: killed at the hard limit (2.5 s), sent again, killed again
+    outcome = call(iso, "hard", 0.5, seconds=30, ignore_soft_limit=True)
+    assert outcome.is_error and "died 2 times" in outcome.for_llm, outcome.for_llm
+    now = wait_until(lambda: (found := pids(iso)) and len(found) == 2 and found, what="two again")
+    assert len(before - now) >= 1  # the killed processes were replaced by new ones
+    assert call(iso, "after-hard", 5, seconds=0).for_llm == "slept"
+
+
+def test_a_killed_process_is_replaced_and_a_stop_ends_them_all(
+    worker: tuple[Isolated, subprocess.Popen[bytes]],
+) -> None:
+    iso, proc = worker
+    first, second = sorted(pids(iso))
+    os.kill(first, signal.SIGKILL)
+    wait_until(
+        lambda: (found := pids(iso)) and len(found) == 2 and first not in found,
+        what="a new process in the killed one's place",
+    )
+    assert second in pids(iso)
+    survivors = pids(iso)
+    proc.send_signal(signal.SIGTERM)  # passed on to every process: a warm shutdown
+    assert proc.wait(30) == 0
+    for pid in survivors:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert pids(iso) == set()  # clean exits take their presence with them
