@@ -1,10 +1,10 @@
 """Prometheus metrics (prometheus-client), one definition per measure, for every process.
 
 Orchestrators are one asyncio process each: their registry is the default one, served on
-`CLAWQ_METRICS_PORT`. Workers are prefork pools: each executing process writes its samples
+`CLAWQ_METRICS_PORT`. A worker has several executing processes: each writes its samples
 to files in `CLAWQ_METRICS_DIR` (prometheus-client's multiprocess mode, chosen by
 `PROMETHEUS_MULTIPROC_DIR`, which `prepare_worker` sets before the library is imported),
-and the worker's main process serves the sum of every file of the host on
+and the worker's parent process serves the sum of every file of the host on
 `CLAWQ_WORKER_METRICS_PORT`: a second worker on the same host finds the port taken, which is
 fine, because the first one already serves its files too. Queue depths are read from Redis
 at scrape time by the orchestrators' endpoint."""

@@ -371,7 +371,7 @@ class Settings(BaseSettings):
     # operations
     metrics_port: int = Field(0, ge=0, le=65535, description="orchestrator /metrics; 0: off")
     worker_metrics_port: int = Field(0, ge=0, le=65535, description="a host's workers; 0: off")
-    metrics_dir: str = Field("/tmp/clawq-metrics", description="prefork workers' sample files")
+    metrics_dir: str = Field("/tmp/clawq-metrics", description="worker processes' sample files")
     otlp_endpoint: str = Field("", description="OTLP/HTTP traces URL; '': tracing off")
 
     # the cluster
