@@ -4,17 +4,17 @@ thread, with the soft and hard time limits that Celery's solo pool leaves out.
 Each process of a `direct` worker (workers/processes.py) is a whole Celery worker with
 this pool: it takes a message from its queue and runs it, with no hand-over to a child
 through a pipe. The limits are prefork's: at the soft limit `SoftTimeLimitExceeded` is
-raised inside the call (SIGALRM here, SIGUSR1 there), and at the hard limit the process is
-killed, as prefork's supervisor kills a child; the ledger then sends the call again, up to
-its delivery cap, and the worker's parent starts a new process.
+raised inside the call (SIGALRM here, SIGUSR1 there), and past the hard limit the worker's
+parent kills the process (workers/processes.py), as prefork's main process kills a child;
+the ledger then sends the call again, up to its delivery cap, and the parent starts a new
+process.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -25,7 +25,8 @@ from celery.concurrency import solo
 from celery.concurrency.base import apply_target
 from celery.worker import state
 
-log = logging.getLogger("clawq.pool")
+from workers import processes
+
 SINGLE_CALL_POOL = "workers.pool:SingleCallPool"  # as Celery's `worker_pool` setting names it
 
 
@@ -33,6 +34,10 @@ class SingleCallPool(solo.TaskPool):  # type: ignore[misc]
     """One call at a time, in this process, within its time limits."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        found = processes.deadline()
+        if found is None:
+            raise RuntimeError(f"{SINGLE_CALL_POOL} runs in the processes of a direct worker")
+        self.deadline = found
         super().__init__(*args, **kwargs)
         self.on_apply = self.apply_limited
         signal.signal(signal.SIGALRM, _soft_limit_reached)
@@ -46,21 +51,20 @@ class SingleCallPool(solo.TaskPool):  # type: ignore[misc]
         timeout: float | None = None,
         **options: Any,
     ) -> None:
-        """Run one task; its soft limit raises inside it, its hard limit kills this
-        process (a call that ignores the soft limit must not hold the process forever)."""
-        killer = None
+        """Run one task; its soft limit raises inside it, and past its hard limit the
+        parent kills this process (a call that ignores the soft limit, or is stuck where
+        no signal reaches it, must not hold the process forever)."""
         if timeout:
-            killer = threading.Timer(timeout, _hard_limit_reached, (timeout,))
-            killer.daemon = True
-            killer.start()
+            self.deadline.set(time.monotonic() + timeout)
         if soft_timeout:
             signal.setitimer(signal.ITIMER_REAL, soft_timeout)
         try:
             apply_target(target, args, kwargs, **options)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            if killer is not None:
-                killer.cancel()
+            if soft_timeout:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            if timeout:
+                self.deadline.clear()
 
     def restart(self) -> None:
         """`pool_restart`: this process ends after its call and its parent starts a fresh
@@ -74,8 +78,3 @@ class SingleCallPool(solo.TaskPool):  # type: ignore[misc]
 
 def _soft_limit_reached(signum: int, frame: FrameType | None) -> None:
     raise SoftTimeLimitExceeded()
-
-
-def _hard_limit_reached(seconds: float) -> None:
-    log.error("hard time limit (%gs) exceeded: killing this worker process", seconds)
-    os.kill(os.getpid(), signal.SIGKILL)
