@@ -23,6 +23,12 @@ CONTEXT_FILES = (
 PER_USER_WHEN_PREDEFINED = frozenset({"USER.md", "BOOTSTRAP.md"})
 
 AgentKind = Literal["open", "predefined"]
+# the names of the files the agent and a user (agent_id, user_id) have: a listing reads no
+# content
+NAMES_SQL = (
+    "SELECT DISTINCT name FROM context_files WHERE agent_id = %s AND user_id IN (%s, '')"
+    " ORDER BY name"
+)
 
 
 class VersionConflict(Exception):
@@ -109,15 +115,6 @@ class ContextFileStore:
             (f"ctx\x1f{agent_id}\x1f{user_id}\x1f{name}",),
         )
         return self.version(agent_id, user_id, name)
-
-    def names(self, agent_id: str, user_id: str) -> list[str]:
-        """The names of the files the agent and this user have (a listing reads no content)."""
-        rows = self.conn.execute(
-            "SELECT DISTINCT name FROM context_files WHERE agent_id = %s AND user_id IN (%s, '')"
-            " ORDER BY name",
-            (agent_id, user_id),
-        ).fetchall()
-        return [r["name"] for r in rows]
 
     def all_of(self, agent_id: str) -> list[ContextFile]:
         rows = self.conn.execute(

@@ -18,6 +18,12 @@ from pydantic import BaseModel
 from broker import pg_features
 from broker.context_files import VersionConflict
 
+# the paths of every document a user sees (agent_id, user_id), the user's copy first
+PATHS_SQL = (
+    "SELECT DISTINCT ON (path) path, user_id FROM memory_documents"
+    " WHERE agent_id = %s AND user_id IN (%s, '') ORDER BY path, user_id = ''"
+)
+
 
 class MemoryDocument(BaseModel):
     id: int
@@ -149,15 +155,6 @@ class MemoryStore:
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             (f"mem\x1f{agent_id}\x1f{user_id}\x1f{path}",),
         )
-
-    def paths(self, agent_id: str, user_id: str) -> list[tuple[str, str]]:
-        """(path, user_id) of every document the user sees, the user's copy first."""
-        rows = self.conn.execute(
-            "SELECT DISTINCT ON (path) path, user_id FROM memory_documents"
-            " WHERE agent_id = %s AND user_id IN (%s, '') ORDER BY path, user_id = ''",
-            (agent_id, user_id),
-        ).fetchall()
-        return [(r["path"], r["user_id"]) for r in rows]
 
     def documents(self, agent_id: str | None = None) -> list[MemoryDocument]:
         where, params = ("WHERE agent_id = %s", (agent_id,)) if agent_id else ("", ())

@@ -183,3 +183,18 @@ def test_paths_that_only_look_routed_go_to_disk(workspace: Path, job: Any) -> No
     # memory/../SOUL.md is SOUL.md: routed, not a way around the router
     assert not alice("write_file", path="memory/../SOUL.md", content="routed").is_error
     assert not (workspace / "SOUL.md").exists()
+
+
+def test_the_root_listing_shows_the_disk_the_context_files_and_the_memory_at_once(
+    db: Store, job: Any, workspace: Path
+) -> None:
+    (workspace / "notes.txt").write_text("on disk\n")
+    ContextFileStore(db.conn).put("main", "", "SOUL.md", "calm\n", 0)
+    ContextFileStore(db.conn).put("main", "alice", "USER.md", "alice\n", 0)
+    ContextFileStore(db.conn).put("other", "", "TOOLS.md", "another agent's\n", 0)
+    MemoryStore(db.conn).put("main", "alice", "memory/a.md", "x\n", 0, index=False)
+    MemoryStore(db.conn).put("main", "bob", "MEMORY.md", "bob's\n", 0, index=False)
+    alice, bob = job("a", user="alice"), job("b", user="bob")
+    assert alice("list_files").for_llm.split() == ["SOUL.md", "USER.md", "memory/", "notes.txt"]
+    assert bob("list_files").for_llm.split() == ["MEMORY.md", "SOUL.md", "notes.txt"]
+    (workspace / "notes.txt").unlink()  # the test's own file: the listing only read it

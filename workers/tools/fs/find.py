@@ -15,7 +15,7 @@ from broker.messages import Group
 from workers.paths import VCS_DIRS, Workspace
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import ReadRules, workspace
-from workers.tools.fs.intercept import ROUTED, Interceptor, virtual_path
+from workers.tools.fs.intercept import ROUTED, Interceptor, listed, virtual_path
 
 GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.MATCHBASE | wcglob.BRACE  # '*.py' matches at any depth
 
@@ -59,9 +59,9 @@ class ListFiles(ReadRules, Tool[ListFilesInput]):
         virtual: set[str] = set()
         owned = False
         if rel is not None:
-            for i in self.interceptors:
-                virtual.update(i.entries(rel, ctx) or ())
-                owned = owned or i.owns_directory(rel)
+            found = [i.listing(rel, ctx) for i in self.interceptors]
+            virtual.update(listed([f for f in found if f is not None], rel, ctx))
+            owned = any(i.owns_directory(rel) for i in self.interceptors)
         entries = sorted(virtual if owned else virtual | self._disk(args.path, ctx))
         cap = ctx.settings.list_max_entries
         shown = entries[:cap]

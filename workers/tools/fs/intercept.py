@@ -17,20 +17,22 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
 from broker.context_files import (
     CONTEXT_FILES,
+    NAMES_SQL,
     AgentKind,
     ContextFileStore,
     VersionConflict,
     jobs_may_write,
     owner_of,
 )
-from broker.memory_store import MemoryStore
+from broker.memory_store import PATHS_SQL, MemoryStore
 from workers.tool import ToolContext, ToolError
 
 if TYPE_CHECKING:
@@ -99,9 +101,31 @@ class Interceptor(Protocol):
         self, rel: str, ctx: ToolContext, change: Callable[[str], tuple[str, int]]
     ) -> tuple[str, int]: ...
 
-    def entries(self, rel: str, ctx: ToolContext) -> list[str] | None: ...
+    def listing(self, rel: str, ctx: ToolContext) -> Listing | None: ...
 
     def owns_directory(self, rel: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What an interceptor reads to list a directory: one query, and the names it makes
+    of the rows. list_files reads every interceptor's in one round trip (`listed`)."""
+
+    sql: str
+    params: tuple[object, ...]
+    names: Callable[[list[Any]], list[str]]
+
+
+def listed(listings: list[Listing], rel: str, ctx: ToolContext) -> list[str]:
+    """The names of all the listings, their queries sent together (a psycopg pipeline)."""
+    if not listings:
+        return []
+    with database("list", rel):
+        conn = _store(ctx)
+        with conn.pipeline():
+            cursors = [conn.execute(item.sql, item.params) for item in listings]
+            rows = [cur.fetchall() for cur in cursors]
+    return [name for item, found in zip(listings, rows, strict=True) for name in item.names(found)]
 
 
 @contextmanager
@@ -227,13 +251,11 @@ class ContextFiles:
             raise ToolError(f"'{rel}' does not exist")
         return found.content if found else ""
 
-    def entries(self, rel: str, ctx: ToolContext) -> list[str] | None:
+    def listing(self, rel: str, ctx: ToolContext) -> Listing | None:
         if rel != "." or ctx.store is None:  # no database here: the disk's listing alone
             return None
         c = ctx.context
-        with database("list", rel):
-            store = ContextFileStore(_store(ctx))
-            return store.names(c.agent_id, c.user_id)
+        return Listing(NAMES_SQL, (c.agent_id, c.user_id), lambda rows: [r["name"] for r in rows])
 
 
 class Memory:
@@ -315,14 +337,17 @@ class Memory:
             queue_index(ctx, doc.id, doc.version)
         return f"edited {rel} (version {doc.version})", count
 
-    def entries(self, rel: str, ctx: ToolContext) -> list[str] | None:
+    def listing(self, rel: str, ctx: ToolContext) -> Listing | None:
         c = ctx.context
         if rel != "." and not self.owns_directory(rel):
             return None
         if rel == "." and ctx.store is None:
             return None
-        with database("list", rel):
-            paths = [p for p, _ in MemoryStore(_store(ctx)).paths(c.agent_id, c.user_id)]
+        return Listing(PATHS_SQL, (c.agent_id, c.user_id), partial(self._names, rel))
+
+    @staticmethod
+    def _names(rel: str, rows: list[Any]) -> list[str]:
+        paths = [r["path"] for r in rows]
         if rel == ".":
             names = {p for p in paths if p in MEMORY_FILES}
             if any(p.startswith("memory/") for p in paths):
