@@ -122,9 +122,9 @@ def listed(listings: list[Listing], rel: str, ctx: ToolContext) -> list[str]:
         return []
     with database("list", rel):
         conn = _store(ctx)
-        with conn.pipeline():
+        with conn.pipeline():  # sent at once, their results read at the block's one sync
             cursors = [conn.execute(item.sql, item.params) for item in listings]
-            rows = [cur.fetchall() for cur in cursors]
+        rows = [cur.fetchall() for cur in cursors]
     return [name for item, found in zip(listings, rows, strict=True) for name in item.names(found)]
 
 
