@@ -8,15 +8,22 @@ them alone.
 
 Blocking commands, transactions and WATCH go on their own connection as before: they would
 hold up every job batched with them, or need a connection of their own.
+
+A batch's replies are read within one deadline (`timeout_s`, redis-py's default for one
+reply), on connections of the batcher's own without redis-py's per-reply timeout: that
+timer, made and cancelled for every reply of every command, was 7% of an orchestrator's
+CPU with 10,000 jobs (py-spy; 475-540 turns/s against 550-600 without it).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from broker.batching import PassBatcher
 
@@ -54,18 +61,28 @@ class Batcher(PassBatcher[tuple[Stack, bool]]):
     """Joins the command stacks of one pass into one pipeline; each caller gets the
     replies of its own commands (its first error raised when `raise_on_error`)."""
 
-    def __init__(self, client: aioredis.Redis, in_flight: int = 2) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        pool: aioredis.ConnectionPool,
+        timeout_s: float,
+        in_flight: int,
+    ) -> None:
         super().__init__(in_flight)
-        self.client = client
+        self.client, self.pool, self.timeout_s = client, pool, timeout_s
 
     async def run(self, stack: Stack, raise_on_error: bool = True) -> list[Any]:
         return list(await self.submit((stack, raise_on_error)))
 
     async def send(self, items: list[tuple[Stack, bool]]) -> list[Any]:
-        pipe = Pipeline(self.client.connection_pool, self.client.response_callbacks, False, None)
+        pipe = Pipeline(self.pool, self.client.response_callbacks, False, None)
         for stack, _ in items:
             pipe.command_stack.extend(stack)
-        replies = await pipe.execute(raise_on_error=False)
+        try:
+            async with asyncio.timeout(self.timeout_s):  # a connection cut mid-read is closed
+                replies = await pipe.execute(raise_on_error=False)
+        except TimeoutError as exc:
+            raise RedisTimeout(f"no reply from Redis within {self.timeout_s:g}s") from exc
         results: list[Any] = []
         start = 0
         for stack, raise_on_error in items:
@@ -95,6 +112,10 @@ class BatchingRedis(aioredis.Redis):
 
     batcher: Batcher
 
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        await self.batcher.pool.disconnect()
+
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if str(args[0]).upper().split(" ", 1)[0] in UNBATCHED:
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
@@ -108,9 +129,16 @@ class BatchingRedis(aioredis.Redis):
         return pipe
 
 
-def batching(pool: aioredis.ConnectionPool) -> BatchingRedis:
-    """A batching client that owns `pool` (its aclose() closes it)."""
+def batching(
+    pool: aioredis.ConnectionPool, timeout_s: float = 5.0, in_flight: int = 2
+) -> BatchingRedis:
+    """A batching client that owns `pool` (its aclose() closes it) and a pool of
+    `in_flight` connections like it for the batches."""
     client = BatchingRedis(connection_pool=pool)
     client.auto_close_connection_pool = True
-    client.batcher = Batcher(client)
+    options = {**pool.connection_kwargs, "socket_timeout": None}
+    batches = aioredis.BlockingConnectionPool(
+        connection_class=pool.connection_class, max_connections=in_flight, **options
+    )
+    client.batcher = Batcher(client, batches, timeout_s, in_flight)
     return client

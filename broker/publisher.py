@@ -46,6 +46,7 @@ def task_message(
         soft_time_limit=soft_time_limit,
         root_id=root_id or task_id,
         parent_id=parent_id,
+        argsrepr="()",  # what Celery's saferepr makes of no args, without making it
         kwargsrepr=kwargsrepr,
     )
     body = fastjson.dumps_bytes(msg.body)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from broker.autopipe import BatchingRedis, batching
 from broker.batching import SharedReads
@@ -177,5 +178,34 @@ def test_a_failed_shared_read_fails_each_caller() -> None:
             reads.read("k", broken), reads.read("k", broken), return_exceptions=True
         )
         assert all(isinstance(r, ValueError) for r in results)
+
+    asyncio.run(go())
+
+
+def test_a_batch_whose_replies_are_late_fails_and_the_next_one_is_answered(
+    isolated: Isolated,
+) -> None:
+    """One deadline for the whole batch: a Redis busy past it is a Redis TimeoutError for
+    every caller of the batch, and the connection it cut is not handed out again."""
+    spin = (  # busy for one second of Redis's clock
+        "local function now() local t = redis.call('TIME') return t[1] * 1e6 + t[2] end "
+        "local done = now() + 1e6 while now() < done do end return 1"
+    )
+
+    async def go() -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(isolated.redis_url, max_connections=4)
+        client = batching(pool, timeout_s=0.1)
+        try:
+            started = time.monotonic()
+            late = await asyncio.gather(
+                client.eval(spin, 0), client.incr("k"), return_exceptions=True
+            )
+            assert all(isinstance(r, RedisTimeout) for r in late), late
+            assert time.monotonic() - started < 0.3  # not the script's whole second
+            await asyncio.sleep(1.2)  # the script ends
+            assert await client.incr("k") == 2  # the batch was sent: it ran, late
+            assert await client.get("k") == b"2"
+        finally:
+            await client.aclose()
 
     asyncio.run(go())
