@@ -52,6 +52,7 @@ class Registry:
     def __init__(self, tools: Iterable[type[Tool[Any]]] = ()) -> None:
         self._tools: dict[str, Tool[Any]] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
+        self._descriptions: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
         self.register(*tools)
 
     def register(self, *tools: type[Tool[Any]]) -> None:
@@ -64,6 +65,7 @@ class Registry:
             raise DeclarationError("invalid tool declarations:\n  " + "\n  ".join(problems))
         for tool in tools:
             self._tools[tool.name] = tool()
+        self._descriptions.clear()
 
     def __iter__(self) -> Iterator[Tool[Any]]:
         return iter(self._tools.values())
@@ -99,23 +101,32 @@ class Registry:
             return ToolResult.error(f"Invalid input for {name}: {_error_summary(exc)}")
 
     def openai_tools(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": self._schema(tool),
-                },
-            }
-            for tool in self._select(names)
-        ]
+        """The tools as OpenAI's API describes them (made once per selection: every job
+        of an agent asks for the same list; callers must not change it)."""
+        return self._described("openai", names)
 
     def anthropic_tools(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        return [
-            {"name": tool.name, "description": tool.description, "input_schema": self._schema(tool)}
-            for tool in self._select(names)
-        ]
+        """The tools as Anthropic's API describes them (made once per selection)."""
+        return self._described("anthropic", names)
+
+    def _described(self, api: str, names: Iterable[str] | None) -> list[dict[str, Any]]:
+        tools = self._select(names)
+        key = (api, tuple(t.name for t in tools))
+        if (found := self._descriptions.get(key)) is None:
+            found = self._descriptions[key] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": self._schema(t),
+                    },
+                }
+                if api == "openai"
+                else {"name": t.name, "description": t.description, "input_schema": self._schema(t)}
+                for t in tools
+            ]
+        return found
 
     def _schema(self, tool: Tool[Any]) -> dict[str, Any]:
         """The input model's JSON schema, generated once (it costs ~1 ms a tool)."""
