@@ -81,22 +81,24 @@ class AsyncPublisher:
         queue: str,
         kwargs: dict[str, Any],
         prelude: Callable[[Any], None] | None = None,
+        push: Callable[[Any, str, str], None] | None = None,
         **options: Any,
-    ) -> str:
+    ) -> Any:
         """Publish one task; `prelude` adds commands (events) that go first in the same
-        round trip."""
+        round trip, and `push` adds the one that pushes the message (a plain LPUSH
+        otherwise). The push's reply."""
         task_id = options.pop("task_id", None) or str(uuid.uuid4())
         raw = task_message(
             self.app, name=name, queue=queue, kwargs=kwargs, task_id=task_id, **options
         )
-        if prelude is None:
-            await self.redis.lpush(queue, raw)
-            return task_id
         async with self.redis.pipeline(transaction=False) as pipe:
-            prelude(pipe)
-            pipe.lpush(queue, raw)
-            await pipe.execute()
-        return task_id
+            if prelude is not None:
+                prelude(pipe)
+            if push is None:
+                pipe.lpush(queue, raw)
+            else:
+                push(pipe, queue, raw)
+            return (await pipe.execute())[-1]
 
 
 class _Capturing(transport.Channel):

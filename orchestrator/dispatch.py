@@ -48,6 +48,14 @@ def cancelled_outcome(job_id: str, turn: int, call_id: str, reason: str) -> Call
     )
 
 
+class NotAdmitted(Exception):
+    """The session's rate limit refused the call as it was sent: no worker will see it."""
+
+    def __init__(self, used: int) -> None:
+        super().__init__(used)
+        self.used = used
+
+
 @dataclass
 class Pending:
     envelope: CallEnvelope
@@ -74,15 +82,22 @@ class Dispatcher:
         self.stopping.set()
 
     async def call(
-        self, envelope: CallEnvelope, queue: str, prelude: Callable[[Any], None] | None = None
+        self,
+        envelope: CallEnvelope,
+        queue: str,
+        prelude: Callable[[Any], None] | None = None,
+        admit: Callable[[Any, str, str], None] | None = None,
     ) -> CallOutcome:
         """Send one call and wait for its outcome; `prelude` adds commands (the job's
-        pending events) to the publish's round trip."""
+        pending events) to the publish's round trip, and `admit` pushes the message only
+        if the rate limit admits it (ratelimit.RateLimiter.push): else NotAdmitted."""
         key = (envelope.job_id, envelope.turn, envelope.call_id)
         pending = Pending(envelope, queue, asyncio.get_running_loop().create_future())
         self.pending[key] = pending
         try:
-            await self._send(pending, prelude)
+            pushed = await self._send(pending, prelude, admit)
+            if admit is not None and not pushed[0]:
+                raise NotAdmitted(int(pushed[1]))
             return await pending.future
         finally:
             self.pending.pop(key, None)
@@ -101,9 +116,14 @@ class Dispatcher:
             "kwargsrepr": repr({"tool": env.tool, "call_id": env.call_id, "job": env.job_id}),
         }
 
-    async def _send(self, pending: Pending, prelude: Callable[[Any], None] | None = None) -> None:
-        await self.publisher.send(
-            queue=pending.queue, prelude=prelude, **self._options(pending.envelope)
+    async def _send(
+        self,
+        pending: Pending,
+        prelude: Callable[[Any], None] | None = None,
+        push: Callable[[Any, str, str], None] | None = None,
+    ) -> Any:
+        return await self.publisher.send(
+            queue=pending.queue, prelude=prelude, push=push, **self._options(pending.envelope)
         )
 
     def resolve_cancelled(self, job_id: str, turn: int, call_id: str, reason: str) -> None:

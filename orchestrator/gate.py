@@ -4,11 +4,12 @@
    a tool the policy hides from this agent, input that fails the tool's model;
 2. pre-tool hooks — may deny, ask, allow, or rewrite the input (validated again);
 3. permission — rules of every source, the tool's own checks, protected paths, the mode;
-   "ask" is answered by an allow-always grant or by a person (approval), else denied;
-4. the session's rate limit (a subagent tree shares its root session's).
+   "ask" is answered by an allow-always grant or by a person (approval), else denied.
 
-A refused call becomes an error result for the model and a `tool_call_denied` event that
-names the layer and the rule or hook that decided; no worker ever sees it.
+The session's rate limit (a subagent tree shares its root session's) is the last check,
+made as the call is sent, in the same round trip (JobRun.dispatch). A refused call
+becomes an error result for the model and a `tool_call_denied` event that names the layer
+and the rule or hook that decided; no worker ever sees it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any
 
 from broker.messages import JobSpec
 from broker.metrics import metrics
-from broker.ratelimit import RateLimiter
 from broker.store import AsyncStore
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import ToolCall
@@ -59,7 +59,6 @@ class Gate:
     hooks: Hooks
     approvals: Approvals
     store: AsyncStore
-    limiter: RateLimiter
     approval_timeout_s: float
     emit: Emit
     defaults: dict[str, Behavior] = field(default_factory=dict)  # tool default overrides
@@ -106,18 +105,18 @@ class Gate:
                 writable = tool.protected_paths(args, self.spec.workspace)
         if decision.behavior != "allow":
             return await self.refuse(call, decision.layer, decision.reason, decision.by)
-        # a subagent tree shares its root session's budget: spawning does not multiply it
-        admitted, used = await self.limiter.admit(self.spec.root_session or self.session_id)
-        if not admitted:
-            metrics().rate_limited.inc()
-            return await self.refuse(
-                call,
-                "rate_limit",
-                f"rate limit reached: {used} tool calls in the last hour for this session; "
-                "wait before calling more tools",
-                "rate limiter",
-            )
         return Ready(call, tool, args, decision, writable)
+
+    async def rate_limited(self, ready: Ready, used: int) -> Refused:
+        """The session's rate limit refused the call as it was sent."""
+        metrics().rate_limited.inc()
+        return await self.refuse(
+            ready.call,
+            "rate_limit",
+            f"rate limit reached: {used} tool calls in the last hour for this session; "
+            "wait before calling more tools",
+            "rate limiter",
+        )
 
     async def granted(self, tool: Tool[Any], args: ToolInput) -> Decision | None:
         """An earlier allow-always answer (any orchestrator's) that covers this call."""

@@ -40,7 +40,7 @@ from broker.transcript_writes import Results
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import Message, TokenUsage, ToolCall, ToolResultBlock
 from orchestrator.custom_catalog import CustomCatalog
-from orchestrator.dispatch import Dispatcher, cancelled_outcome
+from orchestrator.dispatch import Dispatcher, NotAdmitted, cancelled_outcome
 from orchestrator.gate import Gate, Ready, Refused
 from orchestrator.hooks import Hooks
 from orchestrator.permissions import exec_approvals, hidden_paths, job_rules, network_allowed
@@ -156,7 +156,6 @@ class JobRun:
             s.hooks,
             s.approvals,
             s.store,
-            s.limiter,
             s.settings.approval_timeout_s,
             self.emit,
             exec_approvals(s.settings)[1],
@@ -553,10 +552,20 @@ class JobRun:
                     attempts=0,
                 )
             else:  # the queued event goes out with the publish, after what is pending
-                self.pending.append(queued)
+                # a subagent tree shares its root session's limit: spawning does not multiply it
+                session = self.spec.root_session or self.session_id
+                ttl = self.s.settings.events_ttl_s
+                if (admit := self.s.limiter.push(session, queued, ttl)) is None:
+                    self.pending.append(queued)
                 with tracing.span(f"call {ready.tool.name}", {"clawq.call": ready.call.id}):
                     envelope.trace = tracing.carrier()  # the worker's span is a child of this
-                    outcome = await self.s.dispatcher.call(envelope, queue, self.take_pending)
+                    try:
+                        outcome = await self.s.dispatcher.call(
+                            envelope, queue, self.take_pending, admit
+                        )
+                    except NotAdmitted as refused:
+                        limited = await self.gate.rate_limited(ready, refused.used)
+                        return self.local_outcome(turn, ready.call, limited)
             return await self.after(ready, outcome)
 
     async def after(self, ready: Ready, outcome: CallOutcome) -> CallOutcome:

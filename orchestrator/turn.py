@@ -72,6 +72,7 @@ class TurnCalls:
         await self.run.emit_finished(ready.call, outcome, now=not last)
         if (
             outcome.is_error
+            and not outcome.decision.startswith("deny:")  # refused as it was sent: never ran
             and ready.tool.cascades_on_error
             and self.run.s.settings.exec_error_cascade
         ):
