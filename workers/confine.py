@@ -44,7 +44,9 @@ PROBE_TIMEOUT_S = 10.0
 # sandboxes survived a kill 6 ms after the spawn), and a redelivered call would then run
 # beside it. So a tied command's stdin is a pipe only its worker holds open: a watcher in
 # the sandbox reads it, and at its end (the worker gone) kills the PID namespace's tree.
-# The command itself gets /dev/null as its stdin, as an untied one does.
+# The command itself gets /dev/null as its stdin, as an untied one does. A worker killed
+# before bubblewrap's child finished its setup can leave that child behind, blocked on its
+# dead parent: it never reaches the command.
 TIED = 'exec 3<&0; { read -r _ <&3; kill -KILL -1; } & exec 3<&- </dev/null; exec "$0" -c "$1"'
 
 

