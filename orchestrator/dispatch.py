@@ -154,6 +154,8 @@ class Dispatcher:
                     self._resolve(CallOutcome.model_validate_json(raw))
                 except ValueError:
                     log.error("unreadable outcome dropped: %r", raw[:200])
+            if first:  # the waiting jobs go on before the next read is sent
+                await asyncio.sleep(0)
 
     async def _not_taken(self, items: list[Pending]) -> None:
         """Calls no worker has started. After `call_waiting_after_s` a `tool_call_waiting`
