@@ -5,14 +5,18 @@ and `finish`es it after; both are single Lua scripts, so two deliveries of the s
 can never both run it while its first runner is alive, and the outcome is recorded and
 pushed to the waiting orchestrator in one atomic step. `begin` also reads the call's
 cancel flags, so a call revoked while it waited is refused without a round trip of its own.
+`begin_sent` sends the same `begin` and reads its answer later, so a call that is harmless
+to run twice (a read) runs while its claim is on the way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
+from redis.exceptions import NoScriptError
 
 from broker import keys
 
@@ -64,16 +68,33 @@ class Ledger:
     def begin(
         self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
     ) -> Begin:
-        found = self._begin(
-            keys=[
-                keys.call(job_id, turn, call_id),
-                keys.cancel(job_id),
-                keys.cancel_call(job_id, turn, call_id),
-            ],
-            args=[proc_id, max_deliveries, self.ttl_s, now, keys.PROC_PREFIX],
-        )
-        verdict, detail, *rest = (v.decode() if v else "" for v in found)
-        return Begin(verdict, detail, rest[0] if rest else "")  # type: ignore[arg-type]
+        names, args = _begin_args(job_id, turn, call_id, proc_id, max_deliveries, now, self.ttl_s)
+        return _verdict(self._begin(keys=names, args=args))
+
+    def begin_sent(
+        self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
+    ) -> Callable[[], Begin]:
+        """Send `begin` now; the returned function reads its verdict. The call is claimed
+        (running, by this process) from the moment Redis runs it, as with `begin`."""
+        names, args = _begin_args(job_id, turn, call_id, proc_id, max_deliveries, now, self.ttl_s)
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command("EVALSHA", self._begin.sha, len(names), *names, *args)  # type: ignore[no-untyped-call]
+        except BaseException:
+            pool.release(conn)
+            raise
+
+        def verdict() -> Begin:
+            try:
+                found = conn.read_response()
+            except NoScriptError:  # not loaded (a new or flushed Redis): nothing ran yet
+                return self.begin(job_id, turn, call_id, proc_id, max_deliveries, now)
+            finally:
+                pool.release(conn)
+            return _verdict(found)
+
+        return verdict
 
     def finish(
         self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str
@@ -83,3 +104,25 @@ class Ledger:
             keys=[keys.call(job_id, turn, call_id), reply_to], args=[outcome_json, self.ttl_s]
         )
         return bool(done)
+
+
+def _begin_args(
+    job_id: str,
+    turn: int,
+    call_id: str,
+    proc_id: str,
+    max_deliveries: int,
+    now: float,
+    ttl_s: int,
+) -> tuple[list[str], list[Any]]:
+    names = [
+        keys.call(job_id, turn, call_id),
+        keys.cancel(job_id),
+        keys.cancel_call(job_id, turn, call_id),
+    ]
+    return names, [proc_id, max_deliveries, ttl_s, now, keys.PROC_PREFIX]
+
+
+def _verdict(found: list[Any]) -> Begin:
+    verdict, detail, *rest = (v.decode() if v else "" for v in found)
+    return Begin(verdict, detail, rest[0] if rest else "")  # type: ignore[arg-type]

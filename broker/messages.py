@@ -70,6 +70,9 @@ class CallEnvelope(BaseModel):
     reply_to: str = Field(description="Redis list the awaiting orchestrator reads")
     max_deliveries: int = 3
     sent_at: float = Field(0.0, description="epoch seconds it was sent (queue wait metrics)")
+    resent: bool = Field(
+        False, description="sent again (its runner died, a dead letter's retry): claimed first"
+    )
     trace: dict[str, str] = Field(default_factory=dict, description="W3C trace context")
 
 

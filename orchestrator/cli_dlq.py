@@ -86,7 +86,7 @@ def retry(letter_id: int) -> None:
         if found.kind != "exhausted" or found.envelope is None:
             raise click.UsageError(f"dead letter {letter_id} did not decode: there is no call")
         envelope = CallEnvelope.model_validate(found.envelope).model_copy(
-            update={"deadline": time.time() + settings.visibility_timeout_s}
+            update={"deadline": time.time() + settings.visibility_timeout_s, "resent": True}
         )
         with redis.Redis.from_url(settings.redis_url) as client:
             client.delete(keys.call(envelope.job_id, envelope.turn, envelope.call_id))

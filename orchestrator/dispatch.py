@@ -233,6 +233,7 @@ class Dispatcher:
             if not live and owner not in p.resent_for and not p.future.done():
                 p.resent_for.add(owner)
                 log.warning("call %s: %s died; sending it again", p.envelope.call_id, owner)
+                p.envelope.resent = True
                 await self._send(p)
 
 

@@ -30,7 +30,7 @@ from workers import confine
 from workers.registry import Registry
 from workers.sandbox import Sandbox, SandboxError
 from workers.scrub import Scrubber, secrets_of
-from workers.tool import ToolContext, ToolError, ToolResult
+from workers.tool import SideEffect, ToolContext, ToolError, ToolResult
 from workers.tools.process import end_session, state_root
 
 log = logging.getLogger("clawq.worker")
@@ -148,8 +148,12 @@ class WorkerRuntime:
                 log.warning("sandbox reaper: %s", exc)
 
     def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
-        """Execute (or answer from the ledger) and push the outcome; None if skipped."""
-        begun = self.ledger.begin(
+        """Execute (or answer from the ledger) and push the outcome; None if skipped.
+
+        A read's first delivery runs while its claim is on the way (running it twice
+        changes nothing); any other call, and a read sent again (its runner died: it may
+        be what kills them), runs only once the ledger has said it may."""
+        claim = (
             envelope.job_id,
             envelope.turn,
             envelope.call_id,
@@ -157,13 +161,23 @@ class WorkerRuntime:
             envelope.max_deliveries,
             time.time(),
         )
+        ahead: ToolResult | None = None
+        if self.runs_ahead(envelope):
+            verdict = self.ledger.begin_sent(*claim)
+            started = time.time()
+            try:
+                ahead = self.traced(envelope)
+            finally:
+                begun = verdict()  # read even if the tool raised: the connection goes back
+        else:
+            begun = self.ledger.begin(*claim)
+            started = time.time()
         if begun.verdict == "done":
             self.redis.lpush(envelope.reply_to, begun.detail)  # a lost reply is re-sent
             return None
         if begun.verdict == "busy":
             log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)
             return None
-        started = time.time()
         attempts = int(begun.detail)
         m = metrics()
         if envelope.sent_at:
@@ -176,13 +190,10 @@ class WorkerRuntime:
                 "times. Do not retry it unchanged."
             )
             self.dead_letter(envelope, attempts)
+        elif ahead is not None and not begun.cancelled:
+            result = ahead
         else:
-            with tracing.span(
-                f"execute {envelope.tool}",
-                {"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
-                parent=envelope.trace,
-            ):
-                result = self.execute(envelope, begun.cancelled)
+            result = self.traced(envelope, begun.cancelled)
         m.calls.labels(envelope.tool, "error" if result.is_error else "ok").inc()
         m.call_seconds.labels(envelope.tool).observe(time.time() - started)
         outcome = CallOutcome(
@@ -206,6 +217,25 @@ class WorkerRuntime:
             outcome.model_dump_json(),
         )
         return outcome
+
+    def runs_ahead(self, envelope: CallEnvelope) -> bool:
+        """Whether the call may run before the ledger's verdict: a declared read, on its
+        first delivery, not yet expired."""
+        tool = self.registry.declared(envelope.tool)
+        return (
+            tool is not None
+            and tool.side_effect == SideEffect.read
+            and not envelope.resent
+            and time.time() <= envelope.deadline
+        )
+
+    def traced(self, envelope: CallEnvelope, revoked: str = "") -> ToolResult:
+        with tracing.span(
+            f"execute {envelope.tool}",
+            {"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
+            parent=envelope.trace,
+        ):
+            return self.execute(envelope, revoked)
 
     def dead_letter(self, envelope: CallEnvelope, attempts: int) -> None:
         """The call used up its deliveries: keep it, with its envelope, for `clawq dlq`.

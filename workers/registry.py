@@ -76,6 +76,10 @@ class Registry:
     def get(self, name: str) -> Tool[Any] | None:
         return self._tools.get(name)
 
+    def declared(self, name: str) -> Tool[Any] | None:
+        """A tool declared in this process (never a lookup elsewhere, as `get` may make)."""
+        return self._tools.get(name)
+
     def names(self) -> list[str]:
         return sorted(self._tools)
 

@@ -48,3 +48,32 @@ def test_begin_reads_the_cancel_flags_of_the_job_and_of_the_call(client: redis.R
     client.set(keys.cancel("job"), "job cancelled")
     revoked = ledger.begin("job", 0, "c3", "w1", 3, 1.0)
     assert (revoked.verdict, revoked.cancelled) == ("run", "job cancelled")
+
+
+def test_a_begin_sent_ahead_claims_the_call_before_its_verdict_is_read(
+    client: redis.Redis,
+) -> None:
+    """What runs meanwhile runs as the call's claimed runner: a death then is seen as one."""
+    ledger = Ledger(client, ttl_s=60)
+    client.set(keys.proc("w1"), "{}")
+    ledger.begin("job", 0, "c0", "w1", 3, 1.0)  # the script is loaded
+    verdict = ledger.begin_sent("job", 0, "c1", "w1", 3, 1.0)
+    call = keys.call("job", 0, "c1")
+    for _ in range(100):  # Redis runs it on its own, whether or not anyone reads the answer
+        if client.hget(call, "status") == b"running":
+            break
+    assert client.hmget(call, ["status", "proc", "attempts"]) == [b"running", b"w1", b"1"]
+    begun = verdict()
+    assert (begun.verdict, begun.detail) == ("run", "1")
+    client.set(keys.cancel("job"), "stop")
+    assert ledger.begin_sent("job", 0, "c2", "w1", 3, 2.0)().cancelled == "stop"
+
+
+def test_a_begin_sent_to_a_redis_without_the_script_still_claims_once(
+    client: redis.Redis,
+) -> None:
+    client.script_flush()
+    ledger = Ledger(client, ttl_s=60)
+    begun = ledger.begin_sent("job", 0, "c", "w1", 3, 1.0)()
+    assert (begun.verdict, begun.detail) == ("run", "1")
+    assert client.hget(keys.call("job", 0, "c"), "attempts") == b"1"  # not twice

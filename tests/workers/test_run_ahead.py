@@ -1,0 +1,117 @@
+"""A read's first delivery runs while its claim is on the way to the ledger; everything
+else runs only after the ledger's verdict. On a real Redis, in a worker's runtime."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker import keys
+from broker.messages import CallContext, CallEnvelope, CallOutcome, Group
+from tests.conftest import Isolated
+from workers.execute import WorkerRuntime
+from workers.registry import Registry
+from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
+
+RUNS = Path()  # set by the fixture: where the tools count their runs
+
+
+class CountInput(ToolInput):
+    pass
+
+
+class CountedRead(Tool[CountInput]):
+    name = "counted_read"
+    description = "Counts its runs."
+    group = Group.fs
+    input_model = CountInput
+    side_effect = SideEffect.read
+
+    def run(self, args: CountInput, ctx: ToolContext) -> ToolResult:
+        with open(RUNS / "read", "a") as fh:
+            fh.write("x")
+        return ToolResult(for_llm="fresh")
+
+
+class CountedWrite(CountedRead):
+    name = "counted_write"
+    side_effect = SideEffect.write
+
+    def run(self, args: CountInput, ctx: ToolContext) -> ToolResult:
+        with open(RUNS / "write", "a") as fh:
+            fh.write("x")
+        return ToolResult(for_llm="fresh")
+
+
+@pytest.fixture
+def runtime(isolated: Isolated, tmp_path: Path) -> Iterator[WorkerRuntime]:
+    global RUNS
+    RUNS = tmp_path
+    rt = WorkerRuntime.start(isolated.settings, Registry([CountedRead, CountedWrite]), "fs", "n")
+    yield rt
+    rt.stop()
+
+
+def runs(name: str) -> int:
+    path = RUNS / name
+    return len(path.read_text()) if path.exists() else 0
+
+
+def envelope(tool: str, call_id: str, resent: bool = False) -> CallEnvelope:
+    return CallEnvelope(
+        call_id=call_id,
+        job_id="j",
+        session_id="s",
+        tool=tool,
+        input={},
+        context=CallContext(workspace="/tmp"),
+        timeout_s=5,
+        deadline=time.time() + 60,
+        reply_to="replies",
+        resent=resent,
+    )
+
+
+def replies(client: redis.Redis) -> list[str]:
+    return [CallOutcome.model_validate_json(r).for_llm for r in client.lrange("replies", 0, -1)]
+
+
+def test_a_revoked_call_is_answered_as_revoked_whether_or_not_it_ran_ahead(
+    runtime: WorkerRuntime,
+) -> None:
+    runtime.redis.set(keys.cancel("j"), "the job was cancelled")
+    read = runtime.run_call(envelope("counted_read", "r"))
+    write = runtime.run_call(envelope("counted_write", "w"))
+    assert read is not None and read.is_error and "the job was cancelled" in read.for_llm
+    assert write is not None and write.is_error and "the job was cancelled" in write.for_llm
+    assert runs("read") == 1  # ran ahead of its verdict; its result was dropped
+    assert runs("write") == 0  # a write waits for the verdict, and never ran
+
+
+def test_a_call_already_answered_is_answered_from_the_ledger(runtime: WorkerRuntime) -> None:
+    first = runtime.run_call(envelope("counted_read", "r"))
+    assert first is not None and first.for_llm == "fresh" and runs("read") == 1
+    stored = first.model_copy(update={"for_llm": "recorded"}).model_dump_json()
+    runtime.redis.hset(keys.call("j", 0, "r"), "outcome", stored)
+    runtime.redis.delete("replies")
+    assert runtime.run_call(envelope("counted_read", "r")) is None  # a duplicate first delivery
+    assert runs("read") == 2  # it ran ahead, and what it found was dropped
+    assert runtime.run_call(envelope("counted_read", "r", resent=True)) is None
+    assert runs("read") == 2  # sent again: the verdict comes first, and it did not run
+    assert replies(runtime.redis) == ["recorded", "recorded"]
+
+
+def test_a_read_sent_again_runs_only_when_the_ledger_lets_it(
+    runtime: WorkerRuntime, isolated: Isolated
+) -> None:
+    """The delivery cap holds for reads: a read that keeps killing its worker is sent
+    again by the watchdog (marked), and a marked read runs after its verdict."""
+    for dead in ("w1", "w2", "w3"):  # three earlier runners, all dead
+        runtime.ledger.begin("j", 0, "r", dead, 3, time.time())
+    done = runtime.run_call(envelope("counted_read", "r", resent=True))
+    assert done is not None and done.is_error and "died 3 times" in done.for_llm
+    assert runs("read") == 0
