@@ -3,8 +3,8 @@ PostgreSQL schema, so tests never see each other's state."""
 
 from __future__ import annotations
 
-import itertools
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,14 +18,53 @@ from broker.store import Store
 
 REDIS_BASE = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
 PG_BASE = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-_dbs = itertools.cycle(range(1, 15))  # db 15 is the bench's (bench/__main__.py)
+TEST_DBS = range(1, 15)  # db 15 is the bench's (bench/__main__.py); db 0 holds the claims
+# Take a db if free, or from a test process that is gone (a killed suite leaves its claims).
+_TAKE = """
+local owner = redis.call('GET', KEYS[1])
+if not owner or owner == ARGV[2] then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
+return 0
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_db(wait_s: float = 600.0) -> int:
+    """A Redis db no other test process on this machine holds: two suites run at once (a
+    clean-clone CI run beside a developer's run) would otherwise flush each other's state."""
+    deadline = time.monotonic() + wait_s
+    with redis.Redis.from_url(f"{REDIS_BASE}/0") as claims:
+        take = claims.register_script(_TAKE)
+        while True:
+            for db in TEST_DBS:
+                key = f"clawq-test:db:{db}"
+                owner = claims.get(key)
+                gone = owner if owner and not _alive(int(owner)) else b""
+                if (not owner or gone) and take(keys=[key], args=[os.getpid(), gone]):
+                    return db
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"every test Redis db ({TEST_DBS}) is held by a live process")
+            time.sleep(0.2)
+
+
+def release_db(db: int) -> None:
+    with redis.Redis.from_url(f"{REDIS_BASE}/0") as claims:
+        claims.delete(f"clawq-test:db:{db}")
 
 
 class Isolated:
     """A Redis db and a PostgreSQL schema of one's own, and Settings that point at them."""
 
     def __init__(self, **overrides: object) -> None:
-        self.db = next(_dbs)
+        self.db = claim_db()
         self.schema = "t_" + uuid.uuid4().hex[:12]
         self.redis_url = f"{REDIS_BASE}/{self.db}"
         self.database_url = f"{PG_BASE}?options=-csearch_path%3D{self.schema}"
@@ -48,6 +87,7 @@ class Isolated:
 
     def drop(self) -> None:
         self.flush()
+        release_db(self.db)
         with psycopg.connect(PG_BASE, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {self.schema} CASCADE")
 
