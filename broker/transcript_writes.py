@@ -2,10 +2,10 @@
 
 A turn writes the model's message, the calls it queues and the turn count, with the
 previous turn's tool results (their message and ledger rows) when those wait for it; a
-job's end writes its status. Each job awaits its write before it sends its calls (a turn
-is stored before its calls go out), and thousands of jobs write at once: the writes
-handed in within one pass of the loop go to PostgreSQL as one statement, one
-transaction, one commit (broker/batching.py).
+job's end writes its status. Each job awaits its write before it sends its calls with an
+effect (a turn is stored before they go out; reads may start while the model streams),
+and thousands of jobs write at once: the writes handed in within one pass of the loop go
+to PostgreSQL as one statement, one transaction, one commit (broker/batching.py).
 
 A batch that fails on a row (a constraint, bad data) is written again one write at a
 time, so only the write at fault fails; a connection that fails fails the whole batch,

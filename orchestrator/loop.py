@@ -255,19 +255,24 @@ class JobRun:
                     anthropic_tools=self.anthropic_tools,
                     turn=turn,
                 )
-                self.current = TurnCalls(self, turn)  # calls start as the stream delivers them
-                asked = time.monotonic()
-                reply = await provider.complete(request, on_tool_call=self.current.add)
-                m.model_seconds.labels(kind).observe(time.monotonic() - asked)
-                if reply.usage is not None:
-                    m.model_tokens.labels(kind, "input").inc(reply.usage.input)
-                    m.model_tokens.labels(kind, "output").inc(reply.usage.output)
-                if reply.usage is not None:  # tokens, known once it answered
-                    over = await self.charge(turns=0 if limits else 1, usage=reply.usage)
-                reply.job_id = self.job_id
-                if reply.text:
-                    self.defer("model_text", turn=turn + 1, text=reply.text)
-                await self.append(reply, turn=turn)
+                # reads start as the stream delivers them, effects once the turn is stored
+                self.current = current = TurnCalls(self, turn)
+                try:
+                    asked = time.monotonic()
+                    reply = await provider.complete(request, on_tool_call=current.add)
+                    m.model_seconds.labels(kind).observe(time.monotonic() - asked)
+                    if reply.usage is not None:
+                        m.model_tokens.labels(kind, "input").inc(reply.usage.input)
+                        m.model_tokens.labels(kind, "output").inc(reply.usage.output)
+                    if reply.usage is not None:  # tokens, known once it answered
+                        over = await self.charge(turns=0 if limits else 1, usage=reply.usage)
+                    reply.job_id = self.job_id
+                    if reply.text:
+                        self.defer("model_text", turn=turn + 1, text=reply.text)
+                    await self.append(reply, turn=turn)
+                except BaseException:
+                    current.cut()  # not stored: what waited for it never goes
+                    raise
                 if reply.tool_calls:
                     await self.current.finish(reply.tool_calls)
                 self.current = None

@@ -3,9 +3,12 @@
 Calls are scheduled in model order with the partition rule: consecutive concurrency-safe
 calls run together (at most `max_parallel_calls`), an unsafe call waits for everything
 before it and everything after it waits for it. With a streaming model a call starts as
-soon as its block is complete, before the reply has ended. When an exec fails, its
-still-running siblings are stopped (the error cascade). Results are recorded once, in the
-model's order, each under its original id.
+soon as its block is complete, before the reply has ended, if it only reads: a call with
+an effect waits until the reply has ended and the turn is stored, so a turn is in the
+transcript before any of its effects is sent (an orchestrator that dies mid-stream has the
+model asked again, and only reads ran). When an exec fails, its still-running siblings are
+stopped (the error cascade). Results are recorded once, in the model's order, each under
+its original id.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class TurnCalls:
         self.last_unsafe: asyncio.Task[None] | None = None
         self.since_unsafe: list[asyncio.Task[None]] = []
         self.complete = False  # every call of the turn is known (the reply has ended)
+        self.stored = asyncio.Event()  # the turn is in the transcript: its effects may go
+        self.sent: set[int] = set()  # calls handed to dispatch
 
     async def add(self, call: ToolCall) -> None:
         """Check one call (the gate) and schedule it; returns without waiting for it."""
@@ -48,22 +53,27 @@ class TurnCalls:
             return
         if checked.tool.concurrency_safe(checked.args):
             before = [self.last_unsafe] if self.last_unsafe else []
-            task = asyncio.ensure_future(self._after(before, index, checked))
+            task = asyncio.ensure_future(self._after(before, index, checked, hold=False))
             self.since_unsafe.append(task)
         else:
             before = [t for t in (self.last_unsafe, *self.since_unsafe) if t]
             self.group += 1
-            task = asyncio.ensure_future(self._after(before, index, checked))
+            task = asyncio.ensure_future(self._after(before, index, checked, hold=True))
             self.last_unsafe, self.since_unsafe = task, []
             self.group += 1
         self.groups[index] = self.group
         self.tasks[index] = task
 
-    async def _after(self, before: list[asyncio.Task[None]], index: int, ready: Ready) -> None:
+    async def _after(
+        self, before: list[asyncio.Task[None]], index: int, ready: Ready, hold: bool
+    ) -> None:
         if before:
             await asyncio.wait(before)
+        if hold:
+            await self.stored.wait()
         if index in self.outcomes:  # stopped before it started
             return
+        self.sent.add(index)
         outcome = await self.run.dispatch(self.turn, ready)
         self.outcomes.setdefault(index, outcome)
         # the turn's last call: its event goes out with the job's next round trip (the
@@ -104,12 +114,25 @@ class TurnCalls:
 
     async def stop_all(self, reason: str) -> None:
         await self.stop([i for i in range(len(self.calls)) if i not in self.outcomes], reason)
+        self.stored.set()  # every call has its outcome: what was held returns unsent
+
+    def cut(self) -> None:
+        """The reply broke off before the turn was stored: the calls held for its end
+        never go (nothing records them; the model is asked again)."""
+        reason = "not run: the model's reply broke off"
+        for i, call in enumerate(self.calls):
+            if i not in self.sent:
+                self.outcomes.setdefault(
+                    i, cancelled_outcome(self.run.job_id, self.turn, call.id, reason)
+                )
+        self.stored.set()
 
     async def finish(self, calls: list[ToolCall]) -> None:
         """Schedule any call the stream did not deliver, wait for all, record in order."""
         for call in calls[len(self.calls) :]:
             await self.add(call)
         self.complete = True
+        self.stored.set()  # the caller stored the turn before it asked for its end
         if self.tasks:
             await asyncio.wait(self.tasks.values())
         for task in self.tasks.values():

@@ -184,60 +184,78 @@ def test_provider_error_fails_the_job_clearly(
     assert "HTTP 401" in result.error and "invalid api key" in result.error
 
 
-def test_a_streamed_call_starts_before_the_stream_ends(
+def call_chunk(index: int, call_id: str, name: str, arguments: str) -> tuple[None, dict[str, Any]]:
+    """The chunk that opens call `index` of an OpenAI stream (its arguments may follow)."""
+    function = {"name": name, "arguments": arguments}
+    return openai(
+        {"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": function}]}
+    )
+
+
+def finished_calls(job: Any, wanted: str) -> list[str]:
+    """The ids of the job's finished calls, read from its events up to `wanted`'s."""
+    seen = []
+    for event in job.events():
+        if event.type == "tool_call_finished":
+            seen.append(event.data["call_id"])
+            if event.data["call_id"] == wanted:
+                break
+    return seen
+
+
+def test_a_streamed_read_starts_before_the_stream_ends_and_a_write_after(
     cluster: Cluster, server: ModelServer, workspace: Path
 ) -> None:
-    first = json.dumps({"path": "first.txt", "content": "written while streaming"})
-    second = json.dumps({"path": "first.txt"})
+    (workspace / "seed.txt").write_text("seeded before the job")
+    write = json.dumps({"path": "first.txt", "content": "written after the stream"})
     release = server.reply_sse(
         sse(
-            *[
-                openai({"role": "assistant", "content": "Two calls."}),
-                openai(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": "call_first",
-                                "type": "function",
-                                "function": {"name": "write_file", "arguments": first},
-                            }
-                        ]
-                    }
-                ),
-                openai(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": 1,
-                                "id": "call_second",
-                                "type": "function",
-                                "function": {"name": "read_file", "arguments": ""},
-                            }
-                        ]
-                    }
-                ),
-                openai({"tool_calls": [{"index": 1, "function": {"arguments": second}}]}),
-                openai({}, finish="tool_calls"),
-            ],
+            openai({"role": "assistant", "content": "Three calls."}),
+            call_chunk(0, "call_read", "read_file", json.dumps({"path": "seed.txt"})),
+            call_chunk(1, "call_write", "write_file", write),
+            call_chunk(2, "call_third", "read_file", json.dumps({"path": "first.txt"})),
+            openai({}, finish="tool_calls"),
             done=True,
         ),
-        hold_after="call_second",  # the stream pauses once the first call is complete
+        hold_after="call_third",  # the stream pauses once the read and the write are complete
     )
     server.reply_sse(sse(openai({"content": "ok"}), openai({}, "stop"), done=True))
     job = cluster.client.submit("stream", model="openai", workspace=str(workspace))
     target = workspace / "first.txt"
-    deadline = time.monotonic() + 20  # below the server's own hold limit: it still holds
-    while not target.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    # the server has sent nothing after the first call yet: it records when it goes on
-    written_during_stream = target.exists() and not server.holds
+    read_during_stream = finished_calls(job, "call_read") == ["call_read"] and not server.holds
+    time.sleep(1.0)  # a write sent early would have run by now: it waits for the turn
+    written_during_stream = target.exists()
+    still_held = not server.holds
     release.set()
     result = job.wait(timeout=60)
-    assert written_during_stream  # a worker ran it while the model was still streaming
+    assert read_during_stream  # a worker ran the read while the model was still streaming
+    assert still_held and not written_during_stream
     assert result.status == "completed"
-    assert [c.id for c in result.tool_calls] == ["call_first", "call_second"]
-    assert "written while streaming" in result.tool_calls[1].output
+    assert [c.id for c in result.tool_calls] == ["call_read", "call_write", "call_third"]
+    assert "seeded before the job" in result.tool_calls[0].output
+    assert "written after the stream" in result.tool_calls[2].output
+
+
+def test_a_write_of_a_stream_that_breaks_off_never_runs(
+    cluster: Cluster, server: ModelServer, workspace: Path
+) -> None:
+    write = json.dumps({"path": "never.txt", "content": "must not be written"})
+    release = server.reply_sse(
+        sse(
+            call_chunk(0, "call_write", "write_file", write),
+            call_chunk(1, "call_more", "read_file", ""),
+            (None, {"error": {"message": "The server had an error", "type": "server_error"}}),
+        ),
+        hold_after="call_more",  # the write is complete; the stream breaks off after this
+    )
+    job = cluster.client.submit("stream then break", model="openai", workspace=str(workspace))
+    time.sleep(1.0)
+    release.set()
+    result = job.wait(timeout=60)
+    time.sleep(0.5)
+    assert result.status == "failed"
+    assert "server_error" in result.error
+    assert not (workspace / "never.txt").exists()  # its turn was never stored: never sent
 
 
 def test_results_are_stored_while_a_slow_model_thinks(
