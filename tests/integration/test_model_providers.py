@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Cluster, start_cluster
-from tests.orchestrator.conftest import ModelServer, openai_chunk, sse
+from tests.orchestrator.conftest import ModelServer, openai_chunk, sse, tool_delta
 
 
 def openai(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict[str, Any]]:
@@ -184,14 +184,6 @@ def test_provider_error_fails_the_job_clearly(
     assert "HTTP 401" in result.error and "invalid api key" in result.error
 
 
-def call_chunk(index: int, call_id: str, name: str, arguments: str) -> tuple[None, dict[str, Any]]:
-    """The chunk that opens call `index` of an OpenAI stream (its arguments may follow)."""
-    function = {"name": name, "arguments": arguments}
-    return openai(
-        {"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": function}]}
-    )
-
-
 def finished_calls(job: Any, wanted: str) -> list[str]:
     """The ids of the job's finished calls, read from its events up to `wanted`'s."""
     seen = []
@@ -211,9 +203,9 @@ def test_a_streamed_read_starts_before_the_stream_ends_and_a_write_after(
     release = server.reply_sse(
         sse(
             openai({"role": "assistant", "content": "Three calls."}),
-            call_chunk(0, "call_read", "read_file", json.dumps({"path": "seed.txt"})),
-            call_chunk(1, "call_write", "write_file", write),
-            call_chunk(2, "call_third", "read_file", json.dumps({"path": "first.txt"})),
+            openai(tool_delta(0, "call_read", "read_file", json.dumps({"path": "seed.txt"}))),
+            openai(tool_delta(1, "call_write", "write_file", write)),
+            openai(tool_delta(2, "call_third", "read_file", json.dumps({"path": "first.txt"}))),
             openai({}, finish="tool_calls"),
             done=True,
         ),
@@ -242,8 +234,8 @@ def test_a_write_of_a_stream_that_breaks_off_never_runs(
     write = json.dumps({"path": "never.txt", "content": "must not be written"})
     release = server.reply_sse(
         sse(
-            call_chunk(0, "call_write", "write_file", write),
-            call_chunk(1, "call_more", "read_file", ""),
+            openai(tool_delta(0, "call_write", "write_file", write)),
+            openai(tool_delta(1, "call_more", "read_file")),
             (None, {"error": {"message": "The server had an error", "type": "server_error"}}),
         ),
         hold_after="call_more",  # the write is complete; the stream breaks off after this

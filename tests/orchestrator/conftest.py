@@ -44,6 +44,17 @@ def openai_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dic
     }
 
 
+def tool_delta(
+    index: int, id_: str | None = None, name: str | None = None, arguments: str = ""
+) -> dict[str, Any]:
+    """A delta with one tool-call piece; the first piece of a call carries id and name."""
+    call: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
+    if id_ is not None:
+        call.update(id=id_, type="function")
+        call["function"] = {"name": name, "arguments": arguments}
+    return {"tool_calls": [call]}
+
+
 @dataclass
 class Recorded:
     method: str

@@ -17,7 +17,7 @@ from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.providers import http as provider_http
 from orchestrator.providers.anthropic import API_VERSION
 from orchestrator.providers.scripted import ScriptedProvider
-from tests.orchestrator.conftest import ModelServer, openai_chunk, sse
+from tests.orchestrator.conftest import ModelServer, openai_chunk, sse, tool_delta
 from workers.registry import default_registry
 
 SYSTEM = "You are clawq, a coding agent."
@@ -85,17 +85,6 @@ def complete(
             return reply
 
     return asyncio.run(go())
-
-
-def tool_delta(
-    index: int, id_: str | None = None, name: str | None = None, arguments: str = ""
-) -> dict[str, Any]:
-    """A delta with one tool-call piece; the first piece of a call carries id and name."""
-    call: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
-    if id_ is not None:
-        call.update(id=id_, type="function")
-        call["function"] = {"name": name, "arguments": arguments}
-    return {"tool_calls": [call]}
 
 
 def anthropic_tool_stream(partial_json: list[str]) -> str:
