@@ -261,10 +261,9 @@ class JobRun:
                     asked = time.monotonic()
                     reply = await provider.complete(request, on_tool_call=current.add)
                     m.model_seconds.labels(kind).observe(time.monotonic() - asked)
-                    if reply.usage is not None:
+                    if reply.usage is not None:  # tokens, known once it answered
                         m.model_tokens.labels(kind, "input").inc(reply.usage.input)
                         m.model_tokens.labels(kind, "output").inc(reply.usage.output)
-                    if reply.usage is not None:  # tokens, known once it answered
                         over = await self.charge(turns=0 if limits else 1, usage=reply.usage)
                     reply.job_id = self.job_id
                     if reply.text:

@@ -38,7 +38,8 @@ class TurnCalls:
         self.last_unsafe: asyncio.Task[None] | None = None
         self.since_unsafe: list[asyncio.Task[None]] = []
         self.complete = False  # every call of the turn is known (the reply has ended)
-        self.stored = asyncio.Event()  # the turn is in the transcript: its effects may go
+        # held calls go on: sent once the turn is stored (finish), else answered unsent
+        self.released = asyncio.Event()
         self.sent: set[int] = set()  # calls handed to dispatch
 
     async def add(self, call: ToolCall) -> None:
@@ -70,7 +71,7 @@ class TurnCalls:
         if before:
             await asyncio.wait(before)
         if hold:
-            await self.stored.wait()
+            await self.released.wait()
         if index in self.outcomes:  # stopped before it started
             return
         self.sent.add(index)
@@ -114,7 +115,7 @@ class TurnCalls:
 
     async def stop_all(self, reason: str) -> None:
         await self.stop([i for i in range(len(self.calls)) if i not in self.outcomes], reason)
-        self.stored.set()  # every call has its outcome: what was held returns unsent
+        self.released.set()  # every call has its outcome: what was held returns unsent
 
     def cut(self) -> None:
         """The reply broke off before the turn was stored: the calls held for its end
@@ -125,14 +126,14 @@ class TurnCalls:
                 self.outcomes.setdefault(
                     i, cancelled_outcome(self.run.job_id, self.turn, call.id, reason)
                 )
-        self.stored.set()
+        self.released.set()
 
     async def finish(self, calls: list[ToolCall]) -> None:
         """Schedule any call the stream did not deliver, wait for all, record in order."""
         for call in calls[len(self.calls) :]:
             await self.add(call)
         self.complete = True
-        self.stored.set()  # the caller stored the turn before it asked for its end
+        self.released.set()  # the caller stored the turn before it asked for its end
         if self.tasks:
             await asyncio.wait(self.tasks.values())
         for task in self.tasks.values():
