@@ -2,7 +2,8 @@
 
 A key reads `clawq_<id>_<secret>`: the id finds the row, the secret is compared with its
 SHA-256 in constant time (the secret is 256 random bits, so a fast hash is enough). A key
-belongs to a user and may carry the admin role; a revoked key never authenticates again.
+belongs to a user, names the agents it may run (an admin's key runs any) and may carry the
+admin role; a revoked key never authenticates again.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Sequence
 from datetime import datetime
 
 from psycopg.rows import dict_row
@@ -20,6 +22,8 @@ from pydantic import BaseModel
 from broker.store import Store
 
 KEY = re.compile(r"^clawq_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+USER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")  # a directory name under the root
+AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 class ApiKey(BaseModel):
@@ -28,6 +32,7 @@ class ApiKey(BaseModel):
     id: str
     user_id: str
     admin: bool = False
+    agents: list[str] = ["main"]
     name: str = ""
     created_at: datetime | None = None
     created_by: str = ""
@@ -44,16 +49,23 @@ class ApiKeyStore:
         self.conn = store.conn
 
     def create(
-        self, user_id: str, admin: bool = False, name: str = "", by: str = ""
+        self,
+        user_id: str,
+        admin: bool = False,
+        name: str = "",
+        by: str = "",
+        agents: Sequence[str] = ("main",),
     ) -> tuple[ApiKey, str]:
         """A new key; the returned string is the only time its secret exists in the clear."""
-        if not user_id:
-            raise ValueError("a key belongs to a user: give one")
+        if not USER_ID.match(user_id):
+            raise ValueError(f"'{user_id}' is not a user id: letters, digits and ._@- only")
+        if not agents or not all(AGENT_ID.match(a) for a in agents):
+            raise ValueError("a key names the agents it may run: letters, digits and _- only")
         key_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
         row = self.conn.execute(
-            "INSERT INTO api_keys (id, user_id, admin, name, secret_hash, created_by)"
-            " VALUES (%s, %s, %s, %s, %s, %s) RETURNING *",
-            (key_id, user_id, admin, name, _hash(secret), by),
+            "INSERT INTO api_keys (id, user_id, admin, agents, name, secret_hash, created_by)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING *",
+            (key_id, user_id, admin, sorted(set(agents)), name, _hash(secret), by),
         ).fetchone()
         assert row is not None
         return ApiKey.model_validate(row), f"clawq_{key_id}_{secret}"

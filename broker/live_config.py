@@ -25,6 +25,7 @@ LIVE_KEYS = (
     "tool_policy",
     "agent_permissions",
     "user_permissions",
+    "user_ceilings",
     "hooks",
     "approval_timeout_s",
     "rate_limit_per_hour",

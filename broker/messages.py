@@ -117,6 +117,9 @@ class JobSpec(BaseModel):
     permission_mode: PermissionMode = "default"
     agent_id: str = "main"
     user_id: str = ""
+    # submitted with an admin's key (or by an operator's direct client): no user ceiling,
+    # and it may ask for what only admins may do (an admin still approves each such call)
+    admin: bool = False
     max_iterations: int = 20
     system: str = ""
     # where the job's input came from: `message` answers there by default and refuses to

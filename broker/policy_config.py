@@ -65,3 +65,22 @@ class HooksConfig(_Config):
 
     pre_tool_use: list[HookMatcher] = Field(default_factory=list, alias="PreToolUse")
     post_tool_use: list[HookMatcher] = Field(default_factory=list, alias="PostToolUse")
+
+
+USER_MODES: tuple[PermissionMode, ...] = ("default", "acceptEdits", "plan")  # bypass: granted
+
+
+class Ceiling(_Config):
+    """The most one user's jobs may ask for, set by an admin (live key `user_ceilings`).
+
+    `allow`: the rules a job may carry in its allow list. `*` is any rule but `network`;
+    a tool name (`exec`) is any rule of that tool; `exec(git *)` is that rule only.
+    `modes`: the permission modes its jobs may use (`bypassPermissions` only if granted).
+    `network`: its jobs may allow `network` (confined commands reach the network).
+    `workspace_roots`: where its workspaces may lie, beside `CLAWQ_WORKSPACE_ROOT/<user>`;
+    `{user}` in a root stands for the user's id."""
+
+    allow: list[str] = Field(default_factory=lambda: ["*"])
+    modes: list[PermissionMode] = Field(default_factory=lambda: list(USER_MODES))
+    network: bool = False
+    workspace_roots: list[str] = Field(default_factory=list)

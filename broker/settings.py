@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.context_files import CONTEXT_FILES
-from broker.policy_config import HooksConfig, PermissionRules, ToolPolicy
+from broker.policy_config import Ceiling, HooksConfig, PermissionRules, ToolPolicy
 
 TtsProvider = Literal["espeak", "openai", "elevenlabs", "edge"]
 
@@ -116,6 +116,13 @@ class Settings(BaseSettings):
     )
     agent_permissions: dict[str, PermissionRules] = Field(default_factory=dict)
     user_permissions: dict[str, PermissionRules] = Field(default_factory=dict)
+    # tenancy: what each user's jobs may ask for ("*": every user not named)
+    user_ceilings: dict[str, Ceiling] = Field(
+        default_factory=dict, description="per user (admin-set); '*' the default"
+    )
+    workspace_root: str = Field(
+        "/var/lib/clawq/workspaces", description="a user's workspaces lie under <root>/<user>"
+    )
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     approval_timeout_s: float = Field(120.0, gt=0, description="unanswered approval → deny")
     # exec approvals (goclaw §4): which commands run, and when a person is asked

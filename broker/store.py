@@ -84,10 +84,12 @@ ANSWER_APPROVAL = (
     "UPDATE approvals SET status = %s, answered_by = %s, answered_at = now()"
     " WHERE id = %s AND status = 'pending'"
 )
-SELECT_GRANTS = "SELECT rule FROM permission_grants WHERE agent_id = %s ORDER BY created_at"
+SELECT_GRANTS = (
+    "SELECT rule FROM permission_grants WHERE user_id = %s AND agent_id = %s ORDER BY created_at"
+)
 INSERT_GRANT = (
-    "INSERT INTO permission_grants (agent_id, rule, granted_by, job_id) VALUES (%s, %s, %s, %s)"
-    " ON CONFLICT DO NOTHING"
+    "INSERT INTO permission_grants (user_id, agent_id, rule, granted_by, job_id)"
+    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
 SELECT_CALLS = (
     "SELECT call_id, name, input, is_error, for_llm, queue, worker, attempts, decision,"
@@ -208,8 +210,8 @@ class Store:
     def approval(self, request_id: str) -> dict[str, Any] | None:
         return self.conn.execute(SELECT_APPROVAL, (request_id,)).fetchone()
 
-    def grants(self, agent_id: str) -> list[str]:
-        rows = self.conn.execute(SELECT_GRANTS, (agent_id,)).fetchall()
+    def grants(self, user_id: str, agent_id: str) -> list[str]:
+        rows = self.conn.execute(SELECT_GRANTS, (user_id, agent_id)).fetchall()
         return [row["rule"] for row in rows]
 
     def job_result(self, job_id: str) -> JobResult | None:
@@ -404,15 +406,18 @@ class AsyncStore:
         async with self.pool.connection() as conn:
             await conn.execute(ANSWER_APPROVAL, (status, by, request_id))
 
-    async def grants(self, agent_id: str) -> list[str]:
+    async def grants(self, user_id: str, agent_id: str) -> list[str]:
+        """The allow-always rules one user gave one agent."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(SELECT_GRANTS, (agent_id,))
+            cur = await conn.execute(SELECT_GRANTS, (user_id, agent_id))
             return [row[0] for row in await cur.fetchall()]
 
-    async def add_grants(self, agent_id: str, rules: list[str], by: str, job_id: str) -> None:
+    async def add_grants(
+        self, user_id: str, agent_id: str, rules: list[str], by: str, job_id: str
+    ) -> None:
         async with self.pool.connection() as conn, conn.transaction():
             for rule in rules:
-                await conn.execute(INSERT_GRANT, (agent_id, rule, by, job_id))
+                await conn.execute(INSERT_GRANT, (user_id, agent_id, rule, by, job_id))
 
     async def finish_job(
         self, job_id: str, status: str, final_text: str, error: str, iterations: int

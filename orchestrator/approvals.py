@@ -25,6 +25,7 @@ class ApprovalAnswer(BaseModel):
     request_id: str
     decision: Answer
     by: str = ""
+    admin: bool = False  # answered with an admin's key (or an operator's direct client)
 
 
 def answer_key(request_id: str) -> str:

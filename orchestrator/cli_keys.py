@@ -33,14 +33,26 @@ def keys() -> None:
 
 @keys.command("create")
 @click.option("--user", required=True, help="The user the key acts as.")
-@click.option("--admin", is_flag=True, help="May administer MCP servers and custom tools.")
+@click.option(
+    "--agent",
+    "agents",
+    multiple=True,
+    default=("main",),
+    show_default=True,
+    help="An agent the key may run (repeat for more); an admin's key runs any.",
+)
+@click.option("--admin", is_flag=True, help="May administer: configuration, MCP, custom tools.")
 @click.option("--name", default="", help="A label, e.g. where the key is used.")
-def create(user: str, admin: bool, name: str) -> None:
+def create(user: str, agents: tuple[str, ...], admin: bool, name: str) -> None:
     """Create a key and print it: the only time it is shown."""
     with key_store() as store:
-        made, secret = store.create(user, admin, name, by=getpass.getuser())
+        try:
+            made, secret = store.create(user, admin, name, by=getpass.getuser(), agents=agents)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     click.echo(secret)
-    diagnostics.print(f"key {made.id} for user {user}{' (admin)' if admin else ''}: keep it now")
+    role = " (admin)" if admin else f" (agents {', '.join(made.agents)})"
+    diagnostics.print(f"key {made.id} for user {user}{role}: keep it now")
 
 
 @keys.command("list")
@@ -50,11 +62,20 @@ def list_keys(as_json: bool) -> None:
     with key_store() as store:
         found = store.list()
     rows = [
-        (k.id, k.user_id, k.admin, k.name, k.created_at, "revoked" if k.revoked_at else "live")
+        (
+            k.id,
+            k.user_id,
+            k.admin,
+            ",".join(k.agents),
+            k.name,
+            k.created_at,
+            "revoked" if k.revoked_at else "live",
+        )
         for k in found
     ]
     records = [k.model_dump(mode="json") for k in found]
-    table(("id", "user", "admin", "name", "created", "status"), rows, records, as_json)
+    columns = ("id", "user", "admin", "agents", "name", "created", "status")
+    table(columns, rows, records, as_json)
 
 
 @keys.command("revoke")

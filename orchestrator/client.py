@@ -26,6 +26,8 @@ from broker import changes, events, keys
 from broker.celery_app import create_app
 from broker.control import cancel_jobs
 from broker.custom_tools import TOPIC as CUSTOM_TOPIC
+from broker.live_config import TOPIC as LIVE_TOPIC
+from broker.live_config import LiveConfigStore, effective
 from broker.messages import (
     AGENT_RUN_TASK,
     AGENTS_QUEUE,
@@ -44,6 +46,7 @@ from orchestrator.mcp_admin import McpAdmin
 from orchestrator.providers.base import ModelError
 from orchestrator.providers.scripted import parse_script
 from orchestrator.rules import RuleError, rules_from
+from orchestrator.tenancy import check, workspace_for
 
 
 class ClientError(Exception):
@@ -106,8 +109,10 @@ class Job:
         result.usage = usage_of(self.client.redis, root)
         return result
 
-    def approve(self, request_id: str, decision: str, by: str = "") -> None:
-        """Answer an `approval_requested` event: allow-once, allow-always or deny."""
+    def approve(self, request_id: str, decision: str, by: str = "", admin: bool = True) -> None:
+        """Answer an `approval_requested` event: allow-once, allow-always or deny.
+        `admin`: the answer is an admin's (the direct client is an operator's: it holds
+        the database); only an admin's answer approves administration."""
         if decision not in ANSWERS:
             raise ClientError(f"decision must be one of {', '.join(ANSWERS)}, not '{decision}'")
         request = self.client.store.approval(request_id)
@@ -119,6 +124,7 @@ class Job:
             request_id=request_id,
             decision=decision,
             by=by or getpass.getuser(),
+            admin=admin,
         )
         stored, message = publish_answer(answer)
         self.client.redis.set(answer_key(request_id), stored, ex=self.client.settings.events_ttl_s)
@@ -184,6 +190,7 @@ class Client:
         self.store = Store(self.settings.database_url)
         self.store.migrate()
         self.app = create_app(self.settings)
+        self._live: tuple[int, Settings] | None = None
 
     def close(self) -> None:
         self.store.close()
@@ -214,16 +221,20 @@ class Client:
         channel: str = "",
         chat_id: str = "",
         budget: dict[str, Any] | None = None,
+        admin: bool = True,
     ) -> Job:
         """Store the job and queue its agent run; returns at once.
 
         `allow`, `ask` and `deny` are the job's permission rules (`exec`,
         `exec(git status *)`, `read_file(./secrets/**)`, …). `channel` and `chat_id` say
         where the prompt came from (a configured message channel and its chat). `budget`
-        (`turns`, `tokens`, `cost_usd`) bounds this job and all its subagents together."""
+        (`turns`, `tokens`, `cost_usd`) bounds this job and all its subagents together.
+        `admin`: the job is an admin's (this direct client holds the database, so it is an
+        operator's by default); a user's job is bounded by the user's ceiling
+        (`orchestrator.tenancy`) and refused with `TenancyError` beyond it."""
         if not prompt.strip():
             raise ClientError("prompt is empty")
-        if not os.path.isabs(workspace):
+        if not os.path.isabs(workspace) and (admin or not user):
             raise ClientError(f"workspace must be an absolute path, got '{workspace}'")
         if model.partition(":")[0] not in ("scripted", "openai", "anthropic"):
             raise ClientError(
@@ -259,7 +270,12 @@ class Client:
             channel=channel,
             chat_id=chat_id,
             budget=budget,
+            admin=admin,
         )
+        if not admin:
+            settings = self.live_settings()
+            spec.workspace = workspace_for(settings, user, workspace)
+            check(spec, settings)
         job_id = job_id or uuid.uuid4().hex
         self.store.create_job(job_id, session_id=job_id, spec=spec, user_id=user)
         events.emit_sync(
@@ -269,6 +285,15 @@ class Client:
             AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
         )
         return Job(self, job_id)
+
+    def live_settings(self) -> Settings:
+        """The settings in force: the environment's with the applied live configuration
+        (read again only when its change counter moved)."""
+        counter = changes.version(self.redis, LIVE_TOPIC)
+        if self._live is None or self._live[0] != counter:
+            current = LiveConfigStore(self.store.conn).current()
+            self._live = (counter, effective(self.settings, current.config if current else {}))
+        return self._live[1]
 
     @property
     def mcp(self) -> McpAdmin:

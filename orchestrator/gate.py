@@ -96,7 +96,9 @@ class Gate:
             hooked.verdict,
             self.defaults,
         )
-        if decision.behavior == "ask" and decision.layer == "default":
+        if tool.administers(args) and decision.behavior != "deny":
+            decision = self.administration(tool, args)
+        elif decision.behavior == "ask" and decision.layer == "default":
             decision = await self.granted(tool, args) or decision
         writable: list[str] = []
         if decision.behavior == "ask":
@@ -118,11 +120,29 @@ class Gate:
             "rate limiter",
         )
 
+    def administration(self, tool: Tool[Any], args: ToolInput) -> Decision:
+        """A call that changes the cluster for everyone: refused in a user's job; in an
+        admin's job it waits for an admin's approval, whatever the rules, mode or hooks."""
+        if not self.spec.admin:
+            return Decision(
+                "deny",
+                "tenancy",
+                f"{tool.summary(args)} is administration: only a job submitted with an "
+                "admin's key may ask for it; ask an admin",
+                "administration is people only",
+            )
+        return Decision(
+            "ask",
+            "tenancy",
+            f"{tool.summary(args)} is administration: an admin must approve it",
+            "administration is people only",
+        )
+
     async def granted(self, tool: Tool[Any], args: ToolInput) -> Decision | None:
-        """An earlier allow-always answer (any orchestrator's) that covers this call."""
-        grants = [
-            Rule.parse(r, "allow", "grant") for r in await self.store.grants(self.spec.agent_id)
-        ]
+        """An earlier allow-always answer (any orchestrator's) that covers this call: the
+        same user's, for the same agent."""
+        owned = await self.store.grants(self.spec.user_id, self.spec.agent_id)
+        grants = [Rule.parse(r, "allow", "grant") for r in owned]
         if grants and tool.allowed_by(
             [g.specifier for g in grants if g.names(tool)], args, self.spec.workspace
         ):
@@ -169,9 +189,20 @@ class Gate:
             )
         if answer.decision == "deny":
             return Decision("deny", "approval", f"{who} denied {tool.name}", f"user {who}")
+        if asked.layer == "tenancy":  # administration: an admin's answer, never a grant
+            if not answer.admin:
+                return Decision(
+                    "deny",
+                    "tenancy",
+                    f"{who} may not approve {tool.name}: administration needs an admin",
+                    f"user {who}",
+                )
+            return Decision("allow", "approval", f"allowed once by admin {who}", f"admin {who}")
         if answer.decision == "allow-always":
             rules = tool.rules_for(args, self.spec.workspace)
-            await self.store.add_grants(self.spec.agent_id, rules, who, self.job_id)
+            await self.store.add_grants(
+                self.spec.user_id, self.spec.agent_id, rules, who, self.job_id
+            )
         return Decision("allow", "approval", f"{answer.decision} by {who}", f"user {who}")
 
     async def refuse(self, call: ToolCall, layer: str, reason: str, by: str = "") -> Refused:

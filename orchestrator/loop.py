@@ -37,6 +37,7 @@ from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 from broker.store import AsyncStore
 from broker.transcript_writes import Results
+from orchestrator import tenancy
 from orchestrator.approvals import Approvals
 from orchestrator.conversation import Message, TokenUsage, ToolCall, ToolResultBlock
 from orchestrator.custom_catalog import CustomCatalog
@@ -132,6 +133,7 @@ class JobRun:
     def prepare(self) -> None:
         """What this job may see and do; a bad rule or policy fails the job clearly."""
         s, spec = self.s, self.spec
+        tenancy.check(spec, s.settings)  # every way a job is made passes here
         visible = self.policy.visible(
             spec.agent_id,
             spec.model.partition(":")[0],
@@ -218,7 +220,7 @@ class JobRun:
                     await self.load_tools()
                     self.prepare()
                     status, text, error = await self.loop()
-                except (ModelError, RuleError, PolicyError) as exc:
+                except (ModelError, RuleError, PolicyError, tenancy.TenancyError) as exc:
                     status, text, error = "failed", "", str(exc)
                 except JobCancelled:
                     status, text, error = "cancelled", "", "cancelled by request"

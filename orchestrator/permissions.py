@@ -108,7 +108,7 @@ def decide(
         return Decision(
             "deny", "mode", f"plan mode allows read-only tools; {tool.name} is not", mode
         )
-    if bypass:
+    if bypass and tool.bypassable(args):
         return Decision("allow", "mode", "bypassPermissions", mode)
     if mode == "acceptEdits" and tool.group == Group.fs:
         return Decision("allow", "mode", "acceptEdits approves file edits", mode)

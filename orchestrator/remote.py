@@ -77,7 +77,8 @@ class RemoteJob(Job):
     def result(self) -> JobResult:
         return JobResult.model_validate(_check(self.client.http.get(f"/v1/jobs/{self.id}")).json())
 
-    def approve(self, request_id: str, decision: str, by: str = "") -> None:
+    def approve(self, request_id: str, decision: str, by: str = "", admin: bool = True) -> None:
+        """Over the API the key says who answers and whether it is an admin's."""
         _check(
             self.client.http.post(
                 f"/v1/jobs/{self.id}/approvals/{request_id}", json={"decision": decision}
@@ -221,7 +222,7 @@ class RemoteClient(Client):
         self,
         prompt: str,
         *,
-        workspace: str,
+        workspace: str = "",
         model: str = "scripted",
         script: dict[str, Any] | None = None,
         allow: Iterable[str] = (),

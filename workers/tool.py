@@ -164,6 +164,17 @@ class Tool(Generic[InputT]):
         """A tool-specific verdict (e.g. an unparseable command asks), or None."""
         return None
 
+    def bypassable(self, args: InputT) -> bool:
+        """Whether `bypassPermissions` may allow this call; a call that needs a rule of its
+        own whatever the mode (exec aimed at another node) says no."""
+        return True
+
+    def administers(self, args: InputT) -> bool:
+        """Whether this call changes the cluster for everyone (live configuration, hooks,
+        queues): it runs only in an admin's job and only once an admin approved it, never
+        by a rule, a mode, a hook or the job's own user."""
+        return False
+
     def protected_paths(self, args: InputT, workspace: str) -> list[str]:
         """Protected paths (.git/, .clawq/) this call would write; never auto-approved."""
         return []

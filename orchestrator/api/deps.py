@@ -73,9 +73,14 @@ class Principal:
     key_id: str
     user_id: str
     admin: bool
+    agents: tuple[str, ...] = ("main",)
 
     def may_see(self, owner: str) -> bool:
         return self.admin or owner == self.user_id
+
+    def may_run(self, agent: str) -> bool:
+        """The key names the agent (an admin's key runs any)."""
+        return self.admin or agent in self.agents
 
 
 async def principal(request: Request, svc: Annotated[Services, Depends(services)]) -> Principal:
@@ -92,7 +97,7 @@ async def principal(request: Request, svc: Annotated[Services, Depends(services)
         raise ApiError(
             429, "rate_limited", f"{used} requests in the last minute: the key's limit; slow down"
         )
-    return Principal(key.id, key.user_id, key.admin)
+    return Principal(key.id, key.user_id, key.admin, tuple(key.agents))
 
 
 async def admin(caller: Annotated[Principal, Depends(principal)]) -> Principal:

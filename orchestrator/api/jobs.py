@@ -4,6 +4,7 @@ transcript. A user sees only their own: another's job is 404, never 403."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -18,6 +19,7 @@ from broker.messages import FINAL_STATUSES, JobResult, Subagent
 from broker.policy_config import PermissionMode
 from orchestrator.api.deps import ApiError, Caller, Services, Svc, not_found
 from orchestrator.client import ClientError
+from orchestrator.tenancy import TenancyError
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -28,7 +30,11 @@ class SubmitJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1)
-    workspace: str = Field(description="an absolute path on the workers")
+    workspace: str = Field(
+        "",
+        description="on the workers, under the user's roots; empty or relative: under "
+        "CLAWQ_WORKSPACE_ROOT/<user>",
+    )
     model: str = "scripted"
     script: dict[str, Any] | None = None
     allow: list[str] = Field(default_factory=list)
@@ -116,12 +122,25 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
     """Queue an agent job, as `Client.submit` does."""
     import uuid
 
+    if not caller.may_run(body.agent):
+        raise not_found(f"agent {body.agent}")
+    if (body.channel or body.chat_id) and not caller.admin:
+        raise ApiError(
+            403,
+            "forbidden",
+            "channel origins come from verified inbound channels or an admin's key",
+            "channel",
+        )
+    workspace = body.workspace
+    if caller.admin and not os.path.isabs(workspace):
+        workspace = os.path.join(svc.settings.workspace_root, caller.user_id, workspace)
     job_id = uuid.uuid4().hex
     _running_guard(svc, caller, job_id)
     try:
         job = svc.client().submit(
             body.prompt,
-            workspace=body.workspace,
+            admin=caller.admin,
+            workspace=workspace,
             model=body.model,
             script=body.script,
             allow=body.allow,
@@ -137,6 +156,8 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
             chat_id=body.chat_id,
             budget=body.budget.model_dump() if body.budget else None,
         )
+    except TenancyError as exc:
+        raise ApiError(403, "forbidden", str(exc), exc.rule) from None
     except ClientError as exc:
         raise ApiError(400, "invalid_input", str(exc)) from None
     return Submitted(job_id=job.id)
@@ -176,7 +197,9 @@ def approve(
 ) -> None:
     """Answer an approval: the job's user or an admin."""
     try:
-        svc.client().job(job_id).approve(request_id, body.decision, by=f"api:{caller.user_id}")
+        svc.client().job(job_id).approve(
+            request_id, body.decision, by=f"api:{caller.user_id}", admin=caller.admin
+        )
     except ClientError as exc:
         raise ApiError(409, "conflict", str(exc)) from None
 

@@ -4,6 +4,7 @@ the system Redis and PostgreSQL, in a Redis db and schema of the module's own.""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,6 +52,13 @@ def start_cluster(
     concurrency: int = 2,
     **overrides: object,
 ) -> Iterator[Cluster]:
+    # the tests' workspaces lie in pytest's temp dirs: a root every user of a test cluster
+    # may use, unless the test sets its own ceilings
+    overrides = {
+        "workspace_root": tempfile.mkdtemp(prefix="clawq-ws-"),
+        "user_ceilings": {"*": {"workspace_roots": [tempfile.gettempdir()]}},
+        **overrides,
+    }
     iso = Isolated(**overrides)
     env = iso.env() | {
         f"CLAWQ_{k.upper()}": json.dumps(v) if isinstance(v, dict | list) else str(v)

@@ -191,15 +191,16 @@ def test_another_users_job_is_404_and_admin_routes_are_403(
 
 def test_errors_have_one_shape_and_name_the_field(api: str, keys: dict[str, str]) -> None:
     alice = http(api, keys["alice"])
-    missing = alice.post("/v1/jobs", json={"prompt": "x"})
+    missing = alice.post("/v1/jobs", json={"workspace": "/tmp"})
     assert missing.status_code == 422
     assert missing.json()["error"]["code"] == "invalid_input"
-    assert missing.json()["error"]["field"] == "workspace"
-    relative = alice.post(
-        "/v1/jobs", json={"prompt": "x", "workspace": "rel", "script": {"turns": [{"text": "t"}]}}
+    assert missing.json()["error"]["field"] == "prompt"
+    outside = alice.post(
+        "/v1/jobs", json={"prompt": "x", "workspace": "/etc", "script": {"turns": [{"text": "t"}]}}
     )
-    assert relative.status_code == 400
-    assert relative.json()["error"]["message"] == "workspace must be an absolute path, got 'rel'"
+    assert outside.status_code == 403
+    assert outside.json()["error"]["field"] == "user_ceilings.*.workspace_roots"
+    assert outside.json()["error"]["message"].startswith("workspace /etc is outside user alice")
     assert alice.get("/openapi.json").json()["info"]["title"] == "clawq"
     assert "/v1/jobs/{job_id}/events" in alice.get("/openapi.json").json()["paths"]
     assert alice.get("/docs").status_code == 200
@@ -249,7 +250,7 @@ def scenario(client: Client, workspace: Path) -> None:
     with pytest.raises(ClientError):
         job.steer("after the end")
     with pytest.raises(ClientError):
-        client.submit("x", workspace="relative", script={"turns": [{"text": "t"}]})
+        client.submit("x", workspace=str(workspace), model="nope")
 
 
 @pytest.mark.parametrize("kind", ["direct", "http"])

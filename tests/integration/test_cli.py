@@ -215,7 +215,7 @@ def test_run_on_a_terminal_asks_inline_and_always_is_remembered(
     assert (workspace / "asked").exists()
     store = Store(Settings(database_url=up["CLAWQ_DATABASE_URL"]).database_url)
     try:
-        assert "exec(touch asked)" in store.grants("main")
+        assert "exec(touch asked)" in store.grants("", "main")  # `clawq run`'s user: none
     finally:
         store.close()
 

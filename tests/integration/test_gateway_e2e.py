@@ -34,6 +34,8 @@ def cluster(site: Site) -> Iterator[Cluster]:
 
 
 def gateway(cluster: Cluster, workspace: Path, **args: Any) -> Any:
+    """One gateway call in an operator's job; administration is approved by an admin (the
+    direct client's answer is an operator's)."""
     job = cluster.client.submit(
         "configure",
         workspace=str(workspace),
@@ -45,6 +47,9 @@ def gateway(cluster: Cluster, workspace: Path, **args: Any) -> Any:
             ]
         },
     )
+    for event in job.events():
+        if event.type == "approval_requested":
+            job.approve(event.data["request_id"], "allow-once")
     (result,) = job.wait(timeout=60).tool_calls
     return result
 

@@ -268,3 +268,12 @@ def test_per_call_defaults_and_node_rules(
     name: str, args: dict[str, Any], allow: tuple[str, ...], expected: str
 ) -> None:
     assert check(name, args, allow=allow).behavior == expected
+
+
+def test_bypass_permissions_never_aims_a_command_at_another_node() -> None:
+    """Issue 26 (9): bypassPermissions skipped the `exec(node:NAME)` rule."""
+    aimed = {"command": "echo hi", "node": "b"}
+    assert check("exec", aimed, mode="bypassPermissions").behavior == "ask"
+    allowed = check("exec", aimed, allow=("exec(echo *)", "exec(node:b)"), mode="bypassPermissions")
+    assert allowed.behavior == "allow" and allowed.layer == "rule"
+    assert check("exec", {"command": "echo hi"}, mode="bypassPermissions").layer == "mode"

@@ -113,6 +113,10 @@ class Exec(Tool[ExecInput]):
             )
         )
 
+    def bypassable(self, args: ExecInput) -> bool:
+        """A command aimed at a node runs only under `exec(node:NAME)`, in any mode."""
+        return args.node is None
+
     def concurrency_safe(self, args: ExecInput) -> bool:
         """Only a command that reads, judged command by command, may run beside others."""
         parsed = _judged(args)

@@ -93,7 +93,10 @@ class SessionsHistory(Tool[SessionsHistoryInput]):
 
     def run(self, args: SessionsHistoryInput, ctx: ToolContext) -> ToolResult:
         session = args.session_id or ctx.session_id
-        rows = _store(ctx).transcript(session, args.last)
+        store = _store(ctx)
+        if session != ctx.session_id and store.session_owner(session) != ctx.context.user_id:
+            raise ToolError(f"no session {session}")  # another user's: as if it were not
+        rows = store.transcript(session, args.last)
         if not rows:
             raise ToolError(f"no messages in session {session}")
         return ToolResult(for_llm="\n".join(_line(r) for r in rows))

@@ -1,5 +1,6 @@
 """gateway: the cluster and its live configuration (group automation; never offered to
-subagents). Reading is free; apply, rollback and worker control ask. A configuration is
+subagents). Reading is free; apply, rollback and worker control are administration: they
+run only in a job submitted with an admin's key, each once an admin approved it. A configuration is
 validated before it is stored, keys that are not live are refused by name, and applying
 restarts nothing: orchestrators take the new version before their next job."""
 
@@ -66,10 +67,17 @@ class Gateway(Tool[GatewayInput]):
         return f"gateway({args.action}{' ' + args.op if args.action == 'workers' else ''})"
 
     def default_for(self, args: GatewayInput) -> Permission:
-        reading = args.action in READS or (
-            args.action == "workers" and args.op in ("ping", "active_queues")
+        return "ask" if self.administers(args) else "allow"
+
+    def administers(self, args: GatewayInput) -> bool:
+        """Every write (apply, rollback, worker control) is administration; a dry run
+        stores nothing and so is a read."""
+        if args.action == "config.apply" and args.dry_run:
+            return False
+        return not (
+            args.action in READS
+            or (args.action == "workers" and args.op in ("ping", "active_queues"))
         )
-        return "allow" if reading else "ask"
 
     def run(self, args: GatewayInput, ctx: ToolContext) -> ToolResult:
         if ctx.store is None or ctx.redis is None:
