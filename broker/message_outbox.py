@@ -6,7 +6,10 @@ provider's message id (`sent`) or its refusal (`failed`). A delivery that finds 
 `sent` returns the first send's id and sends nothing; `failed` may send again (the
 provider said no, so nothing went out); `sending` means an earlier attempt died while the
 provider had the message, so whether it arrived is unknown: it is marked `unknown` and not
-sent again, because a duplicate in somebody's chat cannot be taken back."""
+sent again, because a duplicate in somebody's chat cannot be taken back.
+
+Each row names the job and session that sent it: an edit acts only on a message that its
+own job or session sent (`sent_by`), never on one another session's call returned."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ Status = Literal["sending", "sent", "failed", "unknown"]
 class OutboxRow(BaseModel):
     key: str
     job_id: str
+    session_id: str = ""
     channel: str
     target: str
     action: str
@@ -35,7 +39,7 @@ class OutboxRow(BaseModel):
 
 
 COLUMNS = (
-    "key, job_id, channel, target, action, status, attempts, provider_id, error,"
+    "key, job_id, session_id, channel, target, action, status, attempts, provider_id, error,"
     " forward_reason, created_at, sent_at"
 )
 
@@ -53,14 +57,21 @@ class Outbox:
         self.conn = conn
 
     def claim(
-        self, key: str, job_id: str, channel: str, target: str, action: str, reason: str = ""
+        self,
+        key: str,
+        job_id: str,
+        channel: str,
+        target: str,
+        action: str,
+        reason: str = "",
+        session_id: str = "",
     ) -> Claim:
         with self.conn.transaction():
             row = self.conn.execute(
-                "INSERT INTO message_outbox (key, job_id, channel, target, action, status,"
-                " forward_reason) VALUES (%s, %s, %s, %s, %s, 'sending', %s)"
+                "INSERT INTO message_outbox (key, job_id, session_id, channel, target, action,"
+                " status, forward_reason) VALUES (%s, %s, %s, %s, %s, %s, 'sending', %s)"
                 f" ON CONFLICT (key) DO NOTHING RETURNING {COLUMNS}",
-                (key, job_id, channel, target, action, reason),
+                (key, job_id, session_id, channel, target, action, reason),
             ).fetchone()
             if row is not None:
                 return Claim(send=True, row=OutboxRow.model_validate(row))
@@ -97,5 +108,21 @@ class Outbox:
     def get(self, key: str) -> OutboxRow | None:
         row = self.conn.execute(
             f"SELECT {COLUMNS} FROM message_outbox WHERE key = %s", (key,)
+        ).fetchone()
+        return OutboxRow.model_validate(row) if row else None
+
+    def sent_by(
+        self, channel: str, target: str, provider_id: str, job_id: str, session_id: str
+    ) -> OutboxRow | None:
+        """The send that delivered message `provider_id` to `channel:target`, if this job
+        or this session made it (None otherwise: another session's message, a note, or no
+        message at all). Provider ids are per chat (Telegram's count up in each), hence
+        the target."""
+        row = self.conn.execute(
+            f"SELECT {COLUMNS} FROM message_outbox WHERE channel = %s AND provider_id = %s"
+            " AND target = %s AND action = 'send' AND status = 'sent'"
+            " AND (job_id = %s OR (session_id <> '' AND session_id = %s))"
+            " ORDER BY created_at LIMIT 1",
+            (channel, provider_id, target, job_id, session_id),
         ).fetchone()
         return OutboxRow.model_validate(row) if row else None

@@ -103,8 +103,11 @@ def test_a_send_killed_after_the_provider_took_it_arrives_once(
     store = Store(cluster.iso.database_url)
     try:
         row = store.conn.execute(
-            "SELECT status, attempts FROM message_outbox WHERE job_id = %s", (job.id,)
+            "SELECT o.status, o.attempts, o.session_id, j.session_id AS job_session"
+            " FROM message_outbox o JOIN jobs j ON j.id = o.job_id WHERE o.job_id = %s",
+            (job.id,),
         ).fetchone()
         assert row is not None and (row["status"], row["attempts"]) == ("unknown", 2)
+        assert row["session_id"] == row["job_session"] != ""  # whose message it is: edits ask
     finally:
         store.close()

@@ -1,13 +1,30 @@
-"""The browser's pure parts: snapshots cut to what can be acted on, capped with a marker,
-diffed against the previous one; and the connect-time egress proxy, on real sockets."""
+"""The browser's parts: snapshots cut to what can be acted on, capped with a marker,
+diffed against the previous one; the connect-time egress proxy, on real sockets; and
+whose artifact a download becomes, with real Chromium, PostgreSQL and Redis."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
-from tests.sites import Reply, Site
+import pytest
+import redis
+
+from broker.messages import CallContext
+from broker.store import Store
+from tests.conftest import Isolated
+from tests.sites import Reply, Seen, Site
 from workers.egress_proxy import EgressProxy
+from workers.execute import run_tool
 from workers.netguard import EgressPolicy, parse_private_allow
+from workers.registry import default_registry
+from workers.tool import ToolContext, ToolResult
+from workers.tools.ui import engine as ui_engine
 from workers.tools.ui import snapshot as snap
 
 TREE = """- generic [ref=e1]:
@@ -87,3 +104,137 @@ def test_the_proxy_checks_the_address_it_connects_to() -> None:
     assert refused.startswith(b"HTTP/1.1 403") and named.startswith(b"HTTP/1.1 403")
     assert victim.seen == []  # refused before any connection was made
     assert any("loopback" in b for b in blocked) and any("localhost" in b for b in blocked)
+
+
+class HeldDownloads:
+    """A page per user that starts a download on load, and a download route that answers
+    only when the test opens its gate: each download completes after the call the test
+    chooses, so the last caller is somebody else's session."""
+
+    def __init__(self, users: tuple[str, ...]) -> None:
+        self.gates = {user: threading.Event() for user in users}
+
+    def page(self, user: str) -> Reply:
+        html = (
+            f'<!doctype html><title>{user}</title><a id="d" href="/dl/{user}"'
+            f' download="{user}.txt">get</a><script>document.getElementById("d").click()</script>'
+        )
+        return Reply(body=html.encode(), content_type="text/html")
+
+    def download(self, user: str) -> Callable[[Seen], Reply]:
+        def held(seen: Seen) -> Reply:
+            self.gates[user].wait(30)
+            return Reply(
+                body=f"{user}'s file".encode(),
+                content_type="application/octet-stream",
+                headers={"Content-Disposition": f'attachment; filename="{user}.txt"'},
+            )
+
+        return held
+
+
+class UiProcess:
+    """A ui worker process as the browser sees it: one engine, and one PostgreSQL and
+    Redis connection that every call of the process shares."""
+
+    def __init__(self, engine: ui_engine.Engine) -> None:
+        self.engine = engine
+        self.store = Store(engine.settings.database_url)
+        self.redis = redis.Redis.from_url(engine.settings.redis_url)
+
+    def browse(self, user: str, session: str, job: str, **args: Any) -> ToolResult:
+        """One browser call of `user`'s job in `session`, as the worker runs it."""
+        ctx = ToolContext(
+            CallContext(workspace="/tmp", user_id=user),
+            self.engine.settings,
+            job_id=job,
+            call_id=uuid.uuid4().hex,
+            session_id=session,
+            store=lambda: self.store,
+            redis=self.redis,
+            proc_id="proc:test:1",
+        )
+        return run_tool(default_registry(), "browser", args, ctx)
+
+    def close(self) -> None:
+        self.engine.stop()
+        self.redis.close()
+        self.store.close()
+
+
+@pytest.fixture
+def ui(
+    isolated: Isolated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[UiProcess, Site, HeldDownloads]]:
+    held = HeldDownloads(("alice", "bob"))
+    routes: dict[str, Any] = {}
+    for user in held.gates:
+        routes[f"/{user}.html"] = held.page(user)
+        routes[f"/dl/{user}"] = held.download(user)
+    with Site(routes) as site:
+        settings = isolated.settings.model_copy(
+            update={
+                "web_private_allow": [site.endpoint],
+                "browser_download_dir": str(tmp_path / "quarantine"),
+            }
+        )
+        engine = ui_engine.Engine(settings)
+        monkeypatch.setattr(ui_engine, "_engine", engine)  # this process's one browser
+        process = UiProcess(engine)
+        try:
+            yield process, site, held
+        finally:
+            for gate in held.gates.values():
+                gate.set()
+            process.close()
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def test_a_download_is_the_artifact_of_the_session_whose_page_made_it(
+    ui: tuple[UiProcess, Site, HeldDownloads],
+) -> None:
+    """Alice's download finishes after Bob's call, Bob's after Alice's next one: each is
+    stored for the user, session and job of the page that started it."""
+    process, site, held = ui
+    sessions = process.engine.sessions
+
+    def stored(name: str) -> dict[str, Any] | None:
+        return process.store.conn.execute(
+            "SELECT user_id, session_id, job_id FROM artifacts WHERE name = %s", (name,)
+        ).fetchone()
+
+    def reported(session: str) -> bool:
+        return bool(session in sessions and sessions[session].downloads)
+
+    a = process.browse(
+        "alice", "s-alice", "job-a1", action="navigate", url=site.url + "/alice.html"
+    )
+    assert not a.is_error, a.for_llm
+    wait_for(lambda: "/dl/alice" in site.paths())  # alice's download is under way
+    b = process.browse("bob", "s-bob", "job-b1", action="navigate", url=site.url + "/bob.html")
+    assert not b.is_error, b.for_llm
+    wait_for(lambda: "/dl/bob" in site.paths())
+
+    held.gates["alice"].set()  # alice's finishes after bob's call
+    wait_for(lambda: reported("s-alice"))
+    later = process.browse("alice", "s-alice", "job-a2", action="tabs")
+    assert "downloads: " in later.for_llm and "artifact art_" in later.for_llm, later.for_llm
+    held.gates["bob"].set()  # bob's finishes after alice's call
+    wait_for(lambda: reported("s-bob"))
+
+    assert stored("alice.txt") == {"user_id": "alice", "session_id": "s-alice", "job_id": "job-a1"}
+    assert stored("bob.txt") == {"user_id": "bob", "session_id": "s-bob", "job_id": "job-b1"}
+    mine = process.browse("bob", "s-bob", "job-b2", action="tabs")
+    assert "bob.txt" in mine.for_llm and "alice.txt" not in mine.for_llm
+
+    theirs = process.browse("bob", "s-alice", "job-b3", action="tabs")  # alice's session id
+    assert theirs.is_error and "belongs to another user" in theirs.for_llm

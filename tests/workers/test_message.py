@@ -252,6 +252,7 @@ def send(
     call: str = "",
     job: str = "job-1",
     user: str = "ann",
+    session: str = "s-1",
     **args: Any,
 ) -> ToolResult:
     store = Store(settings.database_url)
@@ -262,7 +263,7 @@ def send(
             settings,
             job_id=job,
             call_id=call or uuid.uuid4().hex,
-            session_id="s-1",
+            session_id=session,
             store=lambda: store,
             redis=client,
         )
@@ -429,6 +430,133 @@ def test_self_sends_and_unexplained_forwards_are_refused(
         assert [r["forward_reason"] for r in reasons] == ["the user asked to tell Bob"]
     finally:
         store.close()
+
+
+def test_an_edit_changes_only_a_message_this_session_sent(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    """A message id is not a capability: another session (another user's, here) that
+    learns one may not rewrite the message; a later job of the sending session may."""
+    got, site = receivers
+    sent = send(settings, channel="slackbot", job="job-a1", session="s-ann", text="v1")
+    assert not sent.is_error, sent.for_llm
+    ts = sent.metadata["message_id"]
+
+    before = len(site.seen)
+    other = send(
+        settings,
+        channel="slackbot",
+        job="job-b1",
+        session="s-bob",
+        user="bob",
+        action="edit",
+        message_id=ts,
+        text="rewritten by bob",
+    )
+    assert other.is_error and f"message {ts}" in other.for_llm, other.for_llm
+    assert "was not sent by this session" in other.for_llm
+    unknown = send(
+        settings,
+        channel="slackbot",
+        job="job-a1",
+        session="s-ann",
+        action="edit",
+        message_id="1.000",
+        text="x",
+    )
+    assert unknown.is_error and "was not sent by this session" in unknown.for_llm
+    assert len(site.seen) == before  # the provider was never asked
+
+    later = send(  # a later job of the same session
+        settings,
+        channel="slackbot",
+        job="job-a2",
+        session="s-ann",
+        action="edit",
+        message_id=ts,
+        text="v2",
+    )
+    assert not later.is_error, later.for_llm
+    assert ("chat.update", {"channel": "C-general", "ts": ts, "text": "v2"}) in got.slack
+    assert len(site.seen) == before + 1
+
+
+def test_an_edit_elsewhere_needs_a_forward_like_a_send(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    got, site = receivers
+    forwarded = send(
+        settings,
+        origin=("tg", "42"),
+        session="s-fwd",
+        target="77",
+        text="psst",
+        forward=True,
+        reason="the user asked to tell Bob",
+    )
+    assert not forwarded.is_error, forwarded.for_llm
+    message_id = forwarded.metadata["message_id"]
+
+    before = len(site.seen)
+    bare = send(
+        settings,
+        origin=("tg", "42"),
+        session="s-fwd",
+        target="77",
+        action="edit",
+        message_id=message_id,
+        text="psst, again",
+    )
+    assert bare.is_error and "forward=true" in bare.for_llm, bare.for_llm
+    unexplained = send(
+        settings,
+        origin=("tg", "42"),
+        session="s-fwd",
+        target="77",
+        action="edit",
+        message_id=message_id,
+        text="psst, again",
+        forward=True,
+    )
+    assert unexplained.is_error and "reason" in unexplained.for_llm
+    in_origin = send(  # the same id, but in the origin chat: not a message this session sent
+        settings,
+        origin=("tg", "42"),
+        session="s-fwd",
+        action="edit",
+        message_id=message_id,
+        text="psst, again",
+    )
+    assert in_origin.is_error and "was not sent by this session" in in_origin.for_llm
+    assert len(site.seen) == before
+
+    edited = send(
+        settings,
+        origin=("tg", "42"),
+        session="s-fwd",
+        target="77",
+        action="edit",
+        message_id=message_id,
+        text="psst, again",
+        forward=True,
+        reason="the user corrected it",
+    )
+    assert not edited.is_error, edited.for_llm
+    (edit, note) = got.telegram[-2:]
+    assert edit[0] == "editMessageText" and edit[1].json()["chat_id"] == "77"
+    assert note[1].json()["chat_id"] == "42" and "the user corrected it" in note[1].json()["text"]
+    store = Store(settings.database_url)
+    try:
+        rows = store.conn.execute(
+            "SELECT action, session_id, forward_reason FROM message_outbox"
+            " WHERE session_id = 's-fwd' AND target = '77' ORDER BY created_at"
+        ).fetchall()
+    finally:
+        store.close()
+    assert [(r["action"], r["forward_reason"]) for r in rows] == [
+        ("send", "the user asked to tell Bob"),
+        ("edit", "the user corrected it"),
+    ]
 
 
 def test_an_unknown_outcome_is_not_sent_again(

@@ -64,13 +64,16 @@ def delivery_id(key: str) -> str:
 class Channel:
     """A configured channel; `send` and `edit` return the provider's message id."""
 
-    edits = True
-
     def __init__(self, name: str, config: MessageChannel, settings: Settings) -> None:
         self.name = name
         self.config = config
         self.settings = settings
         self.secrets: list[str] = []
+
+    @property
+    def edits(self) -> bool:
+        """Whether a sent message can be edited here (asked before anything is looked up)."""
+        return True
 
     def secret(self, env: str, what: str) -> str:
         value = os.environ.get(env, "") if env else ""
@@ -175,6 +178,10 @@ class Slack(Channel):
     """An incoming webhook (`url`: text only, no id, no edits) or the Web API with a bot
     token (`token_env`: chat.postMessage answers the message's `ts`, chat.update edits)."""
 
+    @property
+    def edits(self) -> bool:
+        return bool(self.config.token_env)  # an incoming webhook gives no message to edit
+
     def api(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
         token = self.secret(self.config.token_env, "token")
         base = (self.config.api_base or "https://slack.com/api").rstrip("/")
@@ -258,7 +265,9 @@ class Email(Channel):
     """SMTP, upgraded with STARTTLS (refused if the server cannot), logged in when a
     username is set; the Message-ID is ours, so it is the provider message id."""
 
-    edits = False
+    @property
+    def edits(self) -> bool:
+        return False
 
     def send(self, message: Outgoing) -> str:
         c = self.config

@@ -3,7 +3,9 @@
 GoClaw's defaults and guards: the channel and target default to where the job's prompt
 came from; text to that very chat is refused (it is the job's answer, which the caller
 delivers); any target other than the origin or the channel's default needs `forward=true`
-and a reason, which is logged and noted to the origin. Delivery goes through the outbox
+and a reason, which is logged and noted to the origin. An edit obeys the same rule, and
+changes only a message this job or its session sent (the outbox row of that send says
+so), never one whose id came from anywhere else. Delivery goes through the outbox
 (broker/message_outbox.py), so a redelivered call returns its first send's message id and
 sends nothing; each channel has a cluster-wide rate limit in Redis."""
 
@@ -42,8 +44,10 @@ class MessageInput(ToolInput):
     text: str = Field("", description="the message")
     subject: str = Field("", max_length=200, description="email: the subject")
     attachments: list[str] = Field(default_factory=list, description="artifact ids to attach")
-    message_id: str | None = Field(None, description="edit: the id a send returned")
-    forward: bool = Field(False, description="send to a chat other than the origin")
+    message_id: str | None = Field(
+        None, description="edit: the id a send of this session returned (same channel, target)"
+    )
+    forward: bool = Field(False, description="send or edit in a chat other than the origin")
     reason: str = Field("", max_length=500, description="forward: why (logged, told to origin)")
 
 
@@ -86,25 +90,31 @@ class Message(Tool[MessageInput]):
                 f"text is {len(args.text)} characters; the cap is {s.message_max_chars}"
             )
         if args.action == "edit":
-            return self._edit(args, ctx, chan, target)
-        if not args.text and not args.attachments:
+            if not args.message_id or not args.text:
+                raise ToolError("edit needs message_id (from the send) and text")
+            if not chan.edits:
+                raise ToolError(f"channel {name} ({chan.config.kind}) cannot edit a message")
+        elif not args.text and not args.attachments:
             raise ToolError("send needs text or attachments")
-        if to_origin and args.text and not args.attachments:
+        elif to_origin and args.text and not args.attachments:
             raise ToolError(
                 "that is the chat you are answering: put this text in your reply instead "
                 "(message is for attachments, or other chats with forward=true)"
             )
         if not own and not (args.forward and args.reason.strip()):
             raise ToolError(
-                f"{name}:{target} is not where this job came from: set forward=true and give "
-                "a reason (it is logged and told to the origin)"
+                f"{args.action}: {name}:{target} is not where this job came from: set "
+                "forward=true and give a reason (it is logged and told to the origin)"
             )
+        outbox = Outbox(ctx.store().conn)
+        if args.action == "edit":
+            return self._edit(args, ctx, chan, target, own, outbox)
         attachments = self._attachments(args, ctx)
         key = f"{ctx.job_id}:{ctx.turn}:{ctx.call_id}"
-        outbox = Outbox(ctx.store().conn)
-        claim = outbox.claim(key, ctx.job_id, name, target, "send", args.reason if not own else "")
+        reason = args.reason if not own else ""
+        claim = outbox.claim(key, ctx.job_id, name, target, "send", reason, ctx.session_id)
         if not claim.send:
-            return _earlier(claim.row.status, claim.row.provider_id, name, target)
+            return _earlier("send", claim.row.status, claim.row.provider_id, name, target)
         self._admit(ctx, name)
         outgoing = Outgoing(target, args.text, delivery_id(key), args.subject, attachments)
         try:
@@ -112,27 +122,51 @@ class Message(Tool[MessageInput]):
         except ChannelError as exc:
             outbox.failed(key, str(exc), outcome_known=not exc.sent_maybe)
             if exc.sent_maybe:
-                return _earlier("unknown", "", name, target)
+                return _earlier("send", "unknown", "", name, target)
             raise ToolError(str(exc)) from None
         outbox.sent(key, provider_id)
         if not own:
             log.info("job %s forwarded to %s:%s: %s", ctx.job_id, name, target, args.reason)
-            self._note_origin(ctx, key, name, target, args.reason)
+            self._note_origin(ctx, key, f"Forwarded a message to {name}:{target}", args.reason)
         return ToolResult(
             for_llm=f"sent to {name}:{target}; message id {provider_id}",
             metadata={"channel": name, "target": target, "message_id": provider_id},
         )
 
-    def _edit(self, args: MessageInput, ctx: ToolContext, chan: Channel, target: str) -> ToolResult:
-        if not args.message_id or not args.text:
-            raise ToolError("edit needs message_id (from the send) and text")
-        if not chan.edits:
-            raise ToolError(f"channel {chan.name} ({chan.config.kind}) cannot edit a message")
-        self._admit(ctx, chan.name)
+    def _edit(
+        self,
+        args: MessageInput,
+        ctx: ToolContext,
+        chan: Channel,
+        target: str,
+        own: bool,
+        outbox: Outbox,
+    ) -> ToolResult:
+        """Edit a message this job or its session sent to `target`: the send's outbox row
+        is the proof, since an id from elsewhere (a page, another user's chat) would let
+        the model rewrite somebody else's words. Claimed in the outbox like a send."""
+        assert args.message_id
+        name = chan.name
+        if outbox.sent_by(name, target, args.message_id, ctx.job_id, ctx.session_id) is None:
+            raise ToolError(
+                f"edit: message {args.message_id} in {name}:{target} was not sent by this "
+                "session; give the message id, channel and target of one of its own sends"
+            )
+        key = f"{ctx.job_id}:{ctx.turn}:{ctx.call_id}"
+        reason = args.reason if not own else ""
+        claim = outbox.claim(key, ctx.job_id, name, target, "edit", reason, ctx.session_id)
+        if not claim.send:
+            return _earlier("edit", claim.row.status, claim.row.provider_id, name, target)
+        self._admit(ctx, name)
         try:
             provider_id = chan.edit(target, args.message_id, args.text)
         except ChannelError as exc:
+            outbox.failed(key, str(exc), outcome_known=not exc.sent_maybe)
             raise ToolError(str(exc)) from None
+        outbox.sent(key, provider_id)
+        if not own:
+            log.info("job %s edited in %s:%s: %s", ctx.job_id, name, target, args.reason)
+            self._note_origin(ctx, key, f"Edited a message in {name}:{target}", args.reason)
         return ToolResult(
             for_llm=f"edited {chan.name}:{target} message {provider_id}",
             metadata={"channel": chan.name, "target": target, "message_id": provider_id},
@@ -176,18 +210,20 @@ class Message(Tool[MessageInput]):
                 )
             time.sleep(min(wait, 1.0) + 0.01)
 
-    def _note_origin(self, ctx: ToolContext, key: str, name: str, target: str, reason: str) -> None:
-        """Tell the origin chat where its agent forwarded something, and why (best effort:
-        the forward itself is done)."""
+    def _note_origin(self, ctx: ToolContext, key: str, what: str, reason: str) -> None:
+        """Tell the origin chat where its agent forwarded (or edited) something, and why
+        (best effort: the forward itself is done)."""
         origin = ctx.context.channel
         if not origin or origin not in ctx.settings.message_channels:
             return
         note_key = key + ":note"
         outbox = Outbox(ctx.store().conn)  # type: ignore[misc]
-        claim = outbox.claim(note_key, ctx.job_id, origin, ctx.context.chat_id, "note")
+        claim = outbox.claim(
+            note_key, ctx.job_id, origin, ctx.context.chat_id, "note", "", ctx.session_id
+        )
         if not claim.send:
             return
-        text = f"Forwarded a message to {name}:{target}. Reason: {reason}"
+        text = f"{what}. Reason: {reason}"
         try:
             provider_id = channel(origin, ctx.settings).send(
                 Outgoing(ctx.context.chat_id, text, delivery_id(note_key))
@@ -198,15 +234,16 @@ class Message(Tool[MessageInput]):
             log.warning("noting a forward to the origin failed: %s", exc)
 
 
-def _earlier(status: str, provider_id: str, name: str, target: str) -> ToolResult:
+def _earlier(action: str, status: str, provider_id: str, name: str, target: str) -> ToolResult:
+    did, where = ("sent", "to") if action == "send" else ("edited", "in")
     if status == "sent":
         return ToolResult(
-            for_llm=f"sent to {name}:{target}; message id {provider_id} (already sent by an "
-            "earlier attempt of this call; not sent again)",
+            for_llm=f"{did} {where} {name}:{target}; message id {provider_id} (already {did} by"
+            " an earlier attempt of this call; not sent again)",
             metadata={"channel": name, "target": target, "message_id": provider_id},
         )
     return ToolResult.error(
-        f"the outcome of this send to {name}:{target} is unknown: an earlier attempt stopped "
+        f"the outcome of this {action} to {name}:{target} is unknown: an earlier attempt stopped "
         "while the provider had it. It was not sent again, so as not to send it twice; check "
         "the chat before sending it once more (with a new call)."
     )

@@ -8,12 +8,12 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from workers.tool import ToolContext, ToolError
+from workers.tool import ToolError
 from workers.tools.ui import snapshot as snap
 
 if TYPE_CHECKING:
     from workers.tools.ui.browser import BrowserInput
-    from workers.tools.ui.engine import Engine, Session
+    from workers.tools.ui.engine import Engine, Keep, Owner, Session
 
 
 @dataclass
@@ -51,10 +51,13 @@ async def _locator(session: Session, ref: str) -> Any:
     return locator
 
 
-async def run(engine: Engine, key: str, args: BrowserInput, ctx: ToolContext, lost: str) -> Outcome:
+async def run(engine: Engine, owner: Owner, keep: Keep, args: BrowserInput, lost: str) -> Outcome:
+    """One action in `owner`'s session; `keep` stores what its pages download, for the
+    session's owner (the engine asks the session, never the last caller)."""
     from playwright.async_api import Error as PlaywrightError
 
-    session = await engine.session(key, create=args.action in ("navigate", "tabs"))
+    key = owner.session_id
+    session = await engine.session(owner, keep, create=args.action in ("navigate", "tabs"))
     if session is None:
         if args.action == "close":
             return Outcome("no browser session was open")

@@ -13,7 +13,7 @@ import io
 import json
 import os
 import socket
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,9 @@ from workers.tool import (
     ToolInput,
     ToolResult,
 )
+
+if TYPE_CHECKING:
+    from workers.tools.ui.engine import Keep, Owner
 
 Action = Literal[
     "navigate",
@@ -153,7 +156,7 @@ class Browser(Tool[BrowserInput]):
 
     def run(self, args: BrowserInput, ctx: ToolContext) -> ToolResult:
         from workers.tools.ui import actions
-        from workers.tools.ui.engine import engine_for_process
+        from workers.tools.ui.engine import Owner, engine_for_process
 
         if args.action == "evaluate" and not ctx.settings.browser_evaluate_enabled:
             raise ToolError("evaluate is off here (CLAWQ_BROWSER_EVALUATE_ENABLED)")
@@ -167,8 +170,8 @@ class Browser(Tool[BrowserInput]):
         if lost and args.action not in STARTS:
             raise ToolError(lost)
         engine = engine_for_process(ctx.settings)
-        engine.on_download = lambda name, data, mime: ctx.keep_artifact(data, mime, name).describe()
-        outcome = engine.call(actions.run(engine, ctx.session_id, args, ctx, lost))
+        owner = Owner(ctx.context.user_id, ctx.session_id, ctx.job_id)
+        outcome = engine.call(actions.run(engine, owner, _keeper(ctx), args, lost))
         if ctx.redis is not None:
             if args.action == "close":
                 ctx.redis.delete(pin_key)
@@ -215,6 +218,31 @@ class Browser(Tool[BrowserInput]):
             ctx.redis.delete(pin_key)
             return "the browser session was closed (idle or too old); navigate to start again"
         return ""
+
+
+def _keeper(ctx: ToolContext) -> Keep:
+    """How a session's downloads are stored: as artifacts of the owner the engine names
+    (the session whose page downloaded), this call lending only the database."""
+
+    def keep(owner: Owner, name: str, data: bytes, mime: str) -> str:
+        from broker.artifacts import ArtifactError, ArtifactStore
+
+        if ctx.store is None:
+            raise ToolError("no database here to keep the download")
+        try:
+            stored = ArtifactStore(ctx.store().conn, ctx.settings).put(
+                data,
+                mime,
+                user_id=owner.user_id,
+                session_id=owner.session_id,
+                job_id=owner.job_id,
+                name=name,
+            )
+        except ArtifactError as exc:
+            raise ToolError(str(exc)) from None
+        return f"{name}: {stored.describe()}"
+
+    return keep
 
 
 def jpeg(raw: bytes) -> tuple[bytes, int, int]:

@@ -4,7 +4,9 @@ thread of its own; a browser context per session, closed when idle or too old.
 Tool calls arrive on the worker's pool threads and run their coroutine on that loop
 (`Engine.call`), so sessions of many jobs share one browser without sharing state.
 Every request of every page is judged twice: at the route (scheme, host, domain lists)
-and at connect time by the local egress proxy (the addresses Chromium would reach)."""
+and at connect time by the local egress proxy (the addresses Chromium would reach).
+A download belongs to the session whose page made it: each session keeps its owner and
+the function that stores its downloads, never one shared by the whole process."""
 
 from __future__ import annotations
 
@@ -38,10 +40,26 @@ class Tab:
     console: deque[str] = field(default_factory=lambda: deque(maxlen=100))
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Whom a browser session acts for: the user and session that opened it, and the job
+    that acted on it last. Its downloads become their artifacts."""
+
+    user_id: str
+    session_id: str
+    job_id: str
+
+
+# stores one download for its owner: (owner, file name, bytes, mime) -> what the model is told
+Keep = Callable[[Owner, str, bytes, str], str]
+
+
 @dataclass
 class Session:
     context: Any
     tabs: list[Tab]
+    owner: Owner
+    keep: Keep
     current: int = 0
     created: float = field(default_factory=time.monotonic)
     used: float = field(default_factory=time.monotonic)
@@ -64,7 +82,7 @@ class Engine:
         self.sessions: dict[str, Session] = {}
         self.browser: Any = None
         self.playwright: Any = None
-        self.on_download: Callable[[str, bytes, str], str] | None = None
+        self.reaper: asyncio.Task[None] | None = None
         self.call(self._start(), timeout=60)
 
     def call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
@@ -94,7 +112,7 @@ class Engine:
                 "--disable-features=AutofillServerCommunication,OptimizationHints,Translate",
             ],
         )
-        self.loop.create_task(self._reap())
+        self.reaper = self.loop.create_task(self._reap())
 
     async def _reap(self) -> None:
         """Close sessions idle for `browser_idle_s` or older than `browser_session_max_s`."""
@@ -107,8 +125,14 @@ class Engine:
                 if idle or old:
                     await self.close(key)
 
-    async def session(self, key: str, create: bool) -> Session | None:
+    async def session(self, owner: Owner, keep: Keep, create: bool) -> Session | None:
+        """The browser session of `owner.session_id` (made when `create`). Each call names
+        its owner, so the session's downloads are stored for the job acting on it now; a
+        session never serves another user, whatever its id."""
+        key = owner.session_id
         found = self.sessions.get(key)
+        if found is not None and found.owner.user_id != owner.user_id:
+            raise ToolError("this browser session belongs to another user")
         if found is None and create:
             blocked: deque[str] = deque(maxlen=20)
             # a proxy per session: what it refuses is told to this session only
@@ -121,12 +145,13 @@ class Engine:
                 service_workers="block",
             )
             context.set_default_timeout(self.settings.browser_action_timeout_s * 1000)
-            found = Session(context=context, tabs=[], proxy=proxy, blocked=blocked)
+            found = Session(context, [], owner, keep, proxy=proxy, blocked=blocked)
             await context.route("**/*", lambda route: self._route(found, route))
             self.sessions[key] = found
             await self.open_tab(found)
         if found is not None:
             found.used = time.monotonic()
+            found.owner, found.keep = owner, keep
         return found
 
     async def _route(self, session: Session | None, route: Any) -> None:
@@ -159,17 +184,19 @@ class Engine:
         return tab
 
     async def _download(self, session: Session, download: Any) -> None:
-        """Downloads go to the quarantine directory, then become artifacts."""
+        """Downloads go to the quarantine directory, then become artifacts of the session
+        whose page started them (its owner when the download began: a later job of the
+        session, or another session's call, does not change whose it is). Stored on a
+        thread, so the browser's loop never waits on the database."""
+        owner, keep = session.owner, session.keep
         quarantine = Path(self.settings.browser_download_dir)
         quarantine.mkdir(parents=True, exist_ok=True)
         target = quarantine / f"{time.time_ns()}-{Path(download.suggested_filename).name}"
         try:
             await download.save_as(str(target))
             data = target.read_bytes()
-            if self.on_download is not None:
-                session.downloads.append(
-                    self.on_download(download.suggested_filename, data, "application/octet-stream")
-                )
+            name, mime = download.suggested_filename, "application/octet-stream"
+            session.downloads.append(await asyncio.to_thread(keep, owner, name, data, mime))
         except Exception as exc:
             session.downloads.append(f"download {download.suggested_filename} failed: {exc}")
         finally:
@@ -206,7 +233,11 @@ class Engine:
             await context.close()
 
     def stop(self) -> None:
+        """Close every session and the browser, then the loop itself (its thread ends)."""
+
         async def _stop() -> None:
+            if self.reaper is not None:
+                self.reaper.cancel()
             for key in list(self.sessions):
                 await self.close(key)
             if self.browser is not None:
@@ -218,6 +249,9 @@ class Engine:
             self.call(_stop(), timeout=20)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            if not self.thread.is_alive():
+                self.loop.close()
 
 
 async def _ensure(coro: Awaitable[T]) -> T:
