@@ -78,7 +78,7 @@ class Orchestrator:
         self.settings = settings
         self.registry = registry or default_registry()
         self.policy = PolicyEngine(self.registry, settings.tool_policy)  # fails on bad config
-        self.hooks = hooks or Hooks(settings.hooks)
+        self.hooks = hooks or Hooks(settings.hooks, settings=settings)
         self.app: Celery = create_app(settings)
         self.id = process_id("orchestrator", settings.node())
         self.jobs: dict[str, asyncio.Task[None]] = {}

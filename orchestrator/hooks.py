@@ -7,6 +7,12 @@ call). Exit 2 blocks, with stderr as the reason; exit 0 may print JSON with
 `updatedInput` and `additionalContext`; any other exit is a non-blocking error. In-process
 hooks are Python callables taking the same input and returning the same output. All hooks
 that match a call run concurrently; their decisions combine deny > ask > allow.
+
+A command hook runs on the orchestrator's host, which holds the database URL, the secret key
+and the providers' API keys, and it reads what the model wrote. So it runs the way `exec`
+runs on a host (`workers.confine`, chosen by the same settings): with a short environment
+(`HOOK_ENV` and the project dir), and under bubblewrap writable only in the job's workspace,
+with a private /tmp, a PID namespace of its own, and no network unless exec has it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import re
 import shlex
 import shutil
 import signal
+import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,13 +36,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from broker.policy_config import HookCommand, HookMatcher, HooksConfig
+from broker.settings import Settings
 from orchestrator.permissions import HookVerdict
 from orchestrator.rules import ALIASES
+from workers import confine
 
 log = logging.getLogger("clawq.hooks")
 Event = Literal["PreToolUse", "PostToolUse"]
 RANK = {"deny": 3, "ask": 2, "allow": 1}
 NAME_LIST = re.compile(r"^[A-Za-z0-9_-]+(\|[A-Za-z0-9_-]+)*$")
+# all a hook inherits of the orchestrator's environment (the rest holds its secrets)
+HOOK_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TERM")
+PRIVATE = ("/tmp", "/dev/shm")  # empty inside bubblewrap (workers.confine)
 
 
 class HookInput(BaseModel):
@@ -95,13 +108,21 @@ def matches(matcher: str, tool_name: str) -> bool:
 
 
 class Hooks:
+    """`settings` chooses how command hooks are confined (`exec_confinement`, `exec_network`,
+    `exec_hidden_paths`); without them, the defaults: bubblewrap where it works, no network."""
+
     def __init__(
         self,
         config: HooksConfig | None = None,
         pre: list[tuple[str, PythonHook]] | None = None,
         post: list[tuple[str, PythonHook]] | None = None,
+        *,
+        settings: Settings | None = None,
     ) -> None:
         self.config = config or HooksConfig()
+        settings = settings or Settings.model_construct()  # the defaults, not the environment
+        self.confinement = confine.for_settings(settings)
+        self.network = settings.exec_network
         self.python: dict[Event, list[tuple[str, PythonHook]]] = {
             "PreToolUse": list(pre or []),
             "PostToolUse": list(post or []),
@@ -111,6 +132,8 @@ class Hooks:
         """What this process cannot run: a matcher that is not a regex, a command whose
         program is not here (such a hook would fail open on every call it matches)."""
         found = []
+        if self.confinement.unavailable and self._commands():
+            found.append(f"hook commands cannot be confined: {self.confinement.unavailable}")
         for group in (*self.config.pre_tool_use, *self.config.post_tool_use):
             if not (group.matcher in ("", "*") or NAME_LIST.match(group.matcher)):
                 try:
@@ -122,6 +145,10 @@ class Hooks:
                 if program and shutil.which(program) is None:
                     found.append(f"hook program {program!r} is not found on this host")
         return found
+
+    def _commands(self) -> list[HookCommand]:
+        groups = (*self.config.pre_tool_use, *self.config.post_tool_use)
+        return [hook for group in groups for hook in group.hooks]
 
     def register(self, event: Event, matcher: str, hook: PythonHook) -> None:
         self.python[event].append((matcher, hook))
@@ -135,7 +162,8 @@ class Hooks:
         for group in groups:
             if matches(group.matcher, data.tool_name):
                 for hook in group.hooks:
-                    jobs.append((hook.command, _run_command(hook, data)))
+                    run = _run_command(hook, data, self.confinement, self.network)
+                    jobs.append((hook.command, run))
         for matcher, fn in self.python[event]:
             if matches(matcher, data.tool_name):
                 jobs.append((getattr(fn, "__name__", "python hook"), _run_python(fn, data)))
@@ -203,19 +231,74 @@ async def _run_python(fn: PythonHook, data: HookInput) -> Ran:
     return result, None
 
 
-async def _run_command(hook: HookCommand, data: HookInput) -> Ran:
+def hook_env(project_dir: str) -> dict[str, str]:
+    """A hook's environment: `HOOK_ENV` of the orchestrator's, and the project dir."""
+    env = {k: os.environ[k] for k in HOOK_ENV if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return {**env, "CLAWQ_PROJECT_DIR": project_dir, "CLAUDE_PROJECT_DIR": project_dir}
+
+
+def readable(command: str, hidden: tuple[str, ...]) -> tuple[str, ...]:
+    """What a confined hook may read although a hidden or private path (/tmp) holds it: the
+    files its command names (an admin wrote it: `~/.claude/hooks/audit.py`) and the
+    installation of the Python that runs this orchestrator (`python hook.py` may be one in
+    the home). Never a whole hidden directory, nor one that holds it."""
+    hidden = (*hidden, *PRIVATE)
+    words: list[str] = []
+    with contextlib.suppress(ValueError):
+        words = shlex.split(command)
+    program = _program(command)
+    found = shutil.which(program) if program else None
+    files = [w for w in [*words, found or ""] if os.path.isabs(w) and os.path.isfile(w)]
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    shown: dict[str, None] = {}
+    for path in [*files, *sorted(prefixes)]:
+        real = os.path.realpath(path)
+        if any(_under(real, h) for h in hidden) and not any(_under(h, real) for h in hidden):
+            shown.setdefault(real, None)
+    return tuple(shown)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+async def _run_command(
+    hook: HookCommand, data: HookInput, confinement: confine.Confinement, network: bool
+) -> Ran:
+    """Confined, a hook writes only in the job's workspace; one that is not on this host
+    (its worker's is elsewhere) gets an empty scratch directory instead, removed after."""
+    here = os.path.isdir(data.cwd)
+    if here or not confinement.confined:
+        return await _spawn(hook, data, confinement, network, data.cwd if here else None)
+    with tempfile.TemporaryDirectory(prefix="clawq-hook-") as scratch:
+        return await _spawn(hook, data, confinement, network, scratch)
+
+
+async def _spawn(
+    hook: HookCommand,
+    data: HookInput,
+    confinement: confine.Confinement,
+    network: bool,
+    cwd: str | None,
+) -> Ran:
     """Exit 2 blocks with stderr as the reason; a hook that times out leaves the decision
-    to a person (ask); any other failure is logged and does not change the decision."""
+    to a person (ask); any other failure is logged and does not change the decision. A hook
+    that must be confined and cannot be is not run and denies (exec fails closed too)."""
     source = f"hook {hook.command}"
-    env = {**os.environ, "CLAWQ_PROJECT_DIR": data.cwd, "CLAUDE_PROJECT_DIR": data.cwd}
-    proc = await asyncio.create_subprocess_shell(
-        hook.command,
+    try:
+        shown = readable(hook.command, confinement.hidden) if confinement.confined else ()
+        argv = confinement.argv(hook.command, cwd or "", cwd or "", network, readable=shown)
+    except confine.ConfinementError as exc:
+        return None, HookVerdict("deny", f"{source} was not run: {exc}", source)
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        cwd=data.cwd if os.path.isdir(data.cwd) else None,
-        env=env,
-        start_new_session=True,
+        cwd=cwd,
+        env=hook_env(data.cwd),
+        start_new_session=True,  # its own group, killed whole (bubblewrap: its namespace)
     )
     try:
         out, err = await asyncio.wait_for(

@@ -64,7 +64,7 @@ class LiveSettings:
         from orchestrator.policy import PolicyEngine
 
         policy = PolicyEngine(s.registry, settings.tool_policy)
-        hooks = Hooks(settings.hooks)
+        hooks = Hooks(settings.hooks, settings=settings)
         problems = hooks.problems()
         if problems:
             raise ValueError("; ".join(problems))

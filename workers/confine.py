@@ -75,10 +75,12 @@ class Confinement:
         network: bool = False,
         info_fd: int | None = None,
         tied: bool = False,
+        readable: tuple[str, ...] = (),
     ) -> list[str]:
         """The argv that runs `sh -c command` in `cwd` under this confinement; `tied`: its
         stdin is the lifeline of `TIED` (only under bubblewrap, whose PID namespace bounds
-        the watcher's kill)."""
+        the watcher's kill); `readable`: paths shown read-only even under a hidden one (what
+        trusted configuration names, such as a hook's program)."""
         if self.unavailable:
             raise ConfinementError(
                 "exec confinement is required (CLAWQ_EXEC_CONFINEMENT=bwrap) but bubblewrap "
@@ -89,9 +91,16 @@ class Confinement:
             return shell
         if tied:
             shell = [SHELL, "-c", TIED, SHELL, command]
-        return [*self._bwrap(workspace, cwd, network, info_fd), "--", *shell]
+        return [*self._bwrap(workspace, cwd, network, info_fd, readable), "--", *shell]
 
-    def _bwrap(self, workspace: str, cwd: str, network: bool, info_fd: int | None) -> list[str]:
+    def _bwrap(
+        self,
+        workspace: str,
+        cwd: str,
+        network: bool,
+        info_fd: int | None,
+        readable: tuple[str, ...] = (),
+    ) -> list[str]:
         ws = os.path.realpath(workspace)
         args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += ["--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
@@ -102,6 +111,9 @@ class Confinement:
             resolv = os.path.realpath("/etc/resolv.conf")
             if any(_under(resolv, h) for h in self.hidden) and os.path.exists(resolv):
                 args += ["--ro-bind", resolv, resolv]
+        for path in readable:  # before the workspace, which stays writable over them
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
         args += ["--bind", ws, ws]
         home = os.path.expanduser("~")
         for name in HOME_SECRETS:  # a workspace that holds the home keeps its secrets hidden

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import socket
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.policy_config import HooksConfig
-from orchestrator.hooks import HookInput, HookOutcome, HookOutput, Hooks, matches
+from broker.settings import Settings
+from orchestrator.hooks import HOOK_ENV, HookInput, HookOutcome, HookOutput, Hooks, matches
+from workers import confine
 
 
 def hook_input(tool: str = "exec", **extra: Any) -> HookInput:
@@ -177,3 +185,152 @@ def test_problems_name_a_missing_program_and_a_bad_regex_but_not_shell_lines() -
         "hook program '/nonexistent/guard' is not found on this host",
         "hook matcher '(unclosed' is not a regex: missing ), unterminated subpattern at position 0",
     ]
+
+
+# what a command hook may see and touch on the orchestrator's host (issue 26)
+
+
+def bwrap() -> Settings:
+    settings = Settings(exec_confinement="bwrap")
+    assert confine.for_settings(settings).confined, "bubblewrap is not usable here (.ci/run)"
+    return settings
+
+
+def in_workspace(workspace: Path) -> HookInput:
+    data = hook_input()
+    data.cwd = str(workspace)
+    return data
+
+
+def run_with(settings: Settings, command: str, data: HookInput) -> HookOutcome:
+    return asyncio.run(Hooks(HooksConfig.model_validate(pre(command)), settings=settings).run(data))
+
+
+@pytest.mark.parametrize("confinement", ["bwrap", "none"])
+def test_a_hook_sees_no_secret_of_the_orchestrator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, confinement: str
+) -> None:
+    settings = bwrap() if confinement == "bwrap" else Settings(exec_confinement="none")
+    monkeypatch.setenv("CLAWQ_SECRET_KEY", "secret-key-value-26")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-value-26")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    outcome = run_with(settings, "env > env.txt", in_workspace(workspace))
+    assert outcome.ran and outcome.verdict is None
+    seen = dict(line.split("=", 1) for line in (workspace / "env.txt").read_text().splitlines())
+    assert "secret-key-value-26" not in seen.values() and "sk-openai-value-26" not in seen.values()
+    assert seen["CLAWQ_PROJECT_DIR"] == seen["CLAUDE_PROJECT_DIR"] == str(workspace)
+    assert seen["LANG"] == "C.UTF-8"
+    assert set(seen) <= {*HOOK_ENV, "CLAWQ_PROJECT_DIR", "CLAUDE_PROJECT_DIR", "PWD", "SHLVL", "_"}
+
+
+@pytest.fixture
+def visible_outside() -> Iterator[Path]:
+    """Outside the workspace and not under /tmp (which is private inside): read-only."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="clawq-hook-outside-") as path:
+        yield Path(path)
+
+
+def test_a_confined_hook_writes_only_in_the_workspace(
+    tmp_path: Path, visible_outside: Path
+) -> None:
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    command = f"touch {outside}/hooked {visible_outside}/hooked; touch made.txt"
+    outcome = run_with(bwrap(), command, in_workspace(workspace))
+    assert outcome.ran and outcome.verdict is None
+    assert (workspace / "made.txt").exists()
+    assert not (outside / "hooked").exists() and not (visible_outside / "hooked").exists()
+
+
+def test_unconfined_a_hook_runs_as_exec_does_then(tmp_path: Path) -> None:
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    run_with(Settings(exec_confinement="none"), f"touch {outside}/hooked", in_workspace(workspace))
+    assert (outside / "hooked").exists()
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = server.accept()
+                conn.sendall(b"hello\n")
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.mark.parametrize("network", [False, True])
+def test_a_confined_hook_has_the_network_only_when_exec_has(
+    tmp_path: Path, listener: int, network: bool
+) -> None:
+    probe = script(
+        tmp_path,
+        "net.py",
+        "import socket\n"
+        "try:\n"
+        f"    got = socket.create_connection(('127.0.0.1', {listener}), timeout=3).recv(10)\n"
+        "except OSError as exc:\n"
+        "    got = repr(exc).encode()\n"
+        "print(json.dumps({'hookSpecificOutput': {'additionalContext': got.decode()}}))",
+    )
+    settings = bwrap().model_copy(update={"exec_network": network})
+    outcome = run_with(settings, probe, in_workspace(tmp_path))
+    assert (outcome.context == ["hello\n"]) is network, outcome.context
+
+
+def test_hidden_paths_stay_hidden_but_the_hook_itself_runs(
+    tmp_path: Path, visible_outside: Path
+) -> None:
+    hidden = visible_outside / "admin"
+    hidden.mkdir()
+    (hidden / "secret.txt").write_text("admin secret")
+    body = (
+        "import os\n"
+        "seen = os.listdir(os.path.dirname(os.path.abspath(__file__)))\n"
+        "print(json.dumps({'hookSpecificOutput': {'additionalContext': ','.join(seen)}}))"
+    )
+    command = script(hidden, "guard.py", body)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = bwrap().model_copy(update={"exec_hidden_paths": [str(hidden)]})
+    outcome = run_with(settings, command, in_workspace(workspace))
+    assert outcome.context == ["guard.py"]  # its own file only, not the secret beside it
+
+
+def test_a_workspace_elsewhere_gets_a_scratch_directory(tmp_path: Path) -> None:
+    data = hook_input()
+    data.cwd = str(tmp_path / "on-the-worker's-host")
+    body = "open('x', 'w'); print(json.dumps({'hookSpecificOutput': {'additionalContext': 'ok'}}))"
+    outcome = run_with(bwrap(), script(tmp_path, "h.py", body), data)
+    assert outcome.context == ["ok"]
+    assert not os.path.exists(data.cwd)
+
+
+def test_a_hook_that_must_be_confined_and_cannot_be_denies_and_is_a_problem(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(exec_confinement="bwrap", exec_bwrap_path="no-such-bwrap-for-hooks")
+    outside = tmp_path / "ran"
+    outcome = run_with(settings, f"touch {outside}", hook_input())
+    assert outcome.verdict is not None and outcome.verdict.behavior == "deny"
+    assert "was not run" in outcome.verdict.reason and not outside.exists()
+    config = HooksConfig.model_validate(pre("true"))
+    assert Hooks(config, settings=settings).problems() == [
+        "hook commands cannot be confined: no-such-bwrap-for-hooks is not installed"
+    ]
+    assert Hooks(HooksConfig(), settings=settings).problems() == []  # Python hooks only
