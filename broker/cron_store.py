@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from broker.cron_schedule import Schedule, missed, next_after
 from broker.messages import FINAL_STATUSES, JobSpec
+from broker.policy_config import PermissionMode
 from broker.store import INSERT_JOB, INSERT_SESSION, _job_params
 
 BACKOFF_S = (30, 60, 300, 900, 3600)
@@ -29,6 +30,16 @@ RESEND_AFTER_S = 30
 
 class CronError(Exception):
     """A request about scheduled jobs that cannot be done; the message says why."""
+
+
+class CronRules(BaseModel):
+    """The scheduling job's rules, carried by every run (never more than it had)."""
+
+    allow: list[str] = Field(default_factory=list)
+    ask: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    permission_mode: PermissionMode = "default"
+    admin: bool = False
 
 
 class CronJob(BaseModel):
@@ -50,6 +61,7 @@ class CronJob(BaseModel):
     anchor: datetime | None = None
     next_at: datetime | None = None
     enabled: bool = True
+    rules: CronRules = Field(default_factory=CronRules)
 
     @field_validator("name")
     @classmethod
@@ -72,7 +84,7 @@ class CronRun(BaseModel):
 
 COLUMNS = (
     "id, agent_id, user_id, name, schedule, prompt, model, script, workspace, session_id,"
-    " origin_session, delivery, webhook_url, missed, grace_s, anchor, next_at, enabled"
+    " origin_session, delivery, webhook_url, missed, grace_s, anchor, next_at, enabled, rules"
 )
 
 PLACEHOLDERS = ", ".join(["%s"] * len(COLUMNS.split(",")))
@@ -201,6 +213,11 @@ class CronStore:
             model=job.model,
             script=job.script,
             label=f"cron:{job.name}",
+            allow=job.rules.allow,
+            ask=job.rules.ask,
+            deny=job.rules.deny,
+            permission_mode=job.rules.permission_mode,
+            admin=job.rules.admin or not job.user_id,  # no user: a person made it
         )
         self.conn.execute(INSERT_SESSION, (session, job.agent_id, job.user_id))
         self.conn.execute(INSERT_JOB, _job_params(job_id, session, spec))
@@ -283,4 +300,5 @@ def _params(job: CronJob) -> tuple[Any, ...]:
     values = job.model_dump(mode="python")
     values["schedule"] = Jsonb(job.schedule.model_dump(mode="json"))
     values["script"] = Jsonb(job.script) if job.script is not None else None
+    values["rules"] = Jsonb(job.rules.model_dump(mode="json"))
     return tuple(values[c.strip()] for c in COLUMNS.split(","))

@@ -226,3 +226,50 @@ def test_a_webhook_delivery_posts_the_runs_result_once(
         assert body["status"] == "completed" and body["text"] == "delivered text"
     finally:
         store.close()
+
+
+def test_a_scheduled_run_carries_the_rules_of_the_job_that_scheduled_it(
+    cluster: Cluster, workspace: Path
+) -> None:
+    """Issue 26 (6): a run scheduled by a job that may not write could write."""
+    at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    write = {"id": "w", "name": "write_file", "input": {"path": "ran.txt", "content": "x"}}
+    origin = cluster.client.submit(
+        "schedule a write",
+        workspace=str(workspace),
+        user="carol",
+        admin=False,  # a user's job, as over the API
+        allow=["cron"],
+        deny=["write_file", "exec"],
+        script=script(
+            cron(
+                "a",
+                action="add",
+                name="writer",
+                kind="at",
+                at=at,
+                prompt="write it",
+                script={"turns": [{"tool_calls": [write]}, {"text": "tried"}]},
+            ),
+            {"text": "scheduled"},
+        ),
+    )
+    (added,) = origin.wait(timeout=60).tool_calls
+    assert not added.is_error, added.output
+    store = Store(cluster.iso.database_url)
+    try:
+
+        def run() -> dict[str, object] | None:
+            return store.conn.execute(
+                "SELECT id, spec FROM jobs WHERE spec->>'label' = 'cron:writer'"
+                " AND status IN ('completed', 'failed')"
+            ).fetchone()
+
+        row = wait_until(run, 60, "the scheduled run finished")
+    finally:
+        store.close()
+    result = cluster.client.job(str(row["id"])).result()
+    (tried,) = result.tool_calls
+    assert tried.is_error and tried.decision == "deny:rule", tried
+    assert not (workspace / "ran.txt").exists()
+    assert row["spec"]["deny"] == ["write_file", "exec"] and row["spec"]["admin"] is False

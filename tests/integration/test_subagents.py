@@ -322,7 +322,9 @@ def test_a_job_queued_in_the_session_gets_the_announcement(
 
     first = cluster.client.submit("first", workspace=str(workspace), script=child("first done"))
     first.wait(timeout=60)
-    waiting = JobSpec(prompt="second", workspace=str(workspace), script=child("second done"))
+    waiting = JobSpec(
+        prompt="second", workspace=str(workspace), script=child("second done"), admin=True
+    )
     cluster.client.store.create_job("queued-job-0001", session_id=first.id, spec=waiting)
     with redis.Redis.from_url(cluster.iso.redis_url) as client:
         item = AnnounceItem(child="c-9", label="late", status="completed", result="news")
@@ -365,6 +367,7 @@ def test_cancel_by_id_from_a_later_job_of_the_session(cluster: Cluster, workspac
     later = JobSpec(
         prompt="stop w1",
         workspace=str(workspace),
+        admin=True,  # an operator's, as the direct client's are
         script=script(
             {"tool_calls": [call("k", "subagents", action="cancel", target=first.id)]},
             {"tool_calls": [call("k2", "subagents", action="cancel", target="all")]},

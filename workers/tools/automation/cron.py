@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from broker.cron_schedule import Schedule, describe, upcoming
-from broker.cron_store import CronError, CronJob, CronStore, run_job_id
+from broker.cron_store import CronError, CronJob, CronRules, CronStore, run_job_id
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, Group
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
@@ -159,6 +159,7 @@ class Cron(Tool[CronInput]):
             missed=args.missed or "run_once",
             grace_s=300 if args.grace_s is None else args.grace_s,
             enabled=True if args.enabled is None else args.enabled,
+            rules=self._job_rules(ctx),
         )
 
     def _merged(self, job: CronJob, args: CronInput, ctx: ToolContext) -> CronJob:
@@ -180,6 +181,11 @@ class Cron(Tool[CronInput]):
         cap = ctx.settings.cron_max_payload_bytes
         if args.prompt and len(args.prompt.encode()) > cap:
             raise ToolError(f"prompt: at most {cap} bytes")
+
+    def _job_rules(self, ctx: ToolContext) -> CronRules:
+        """The scheduling job's rules: its runs carry them, never more."""
+        row = ctx.store().job(ctx.job_id) if ctx.store and ctx.job_id else None
+        return CronRules.model_validate(row["spec"] if row else {})  # other fields: ignored
 
     def _job_model(self, ctx: ToolContext) -> str:
         row = ctx.store().job(ctx.job_id) if ctx.store and ctx.job_id else None
