@@ -9,10 +9,11 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from broker.cron_schedule import Schedule, describe, next_after, upcoming
-from broker.cron_store import CronJob, CronStore, run_job_id
+from broker.cron_store import CronJob, CronRules, CronStore, run_job_id
 from broker.store import Store
 from tests.conftest import Isolated
 
@@ -170,5 +171,76 @@ def test_a_failed_run_is_retried_after_its_backoff(isolated: Isolated) -> None:
         assert cron.tick(T0 + timedelta(seconds=36)) == [run_job_id(added.id, T0, 2)]
         (run,) = [r for r in cron.runs(added.id) if r.scheduled_at == T0]
         assert (run.status, run.attempt) == ("queued", 2)
+    finally:
+        store.close()
+
+
+def spec_of(store: Store, job_id: str) -> dict[str, object]:
+    row = store.conn.execute("SELECT spec FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return dict(row["spec"])
+
+
+def test_a_run_carries_the_rules_of_the_job_that_scheduled_it(isolated: Isolated) -> None:
+    """Its allow/ask/deny, mode and admin flag, and its agent, user and workspace: the
+    run is bounded as the scheduling job was, on every attempt."""
+    store = Store(isolated.database_url)
+    try:
+        cron = CronStore(store.conn)
+        rules = CronRules(
+            allow=["cron"], ask=["web_fetch"], deny=["write_file", "exec"], permission_mode="plan"
+        )
+        added = cron.add(job().model_copy(update={"rules": rules}), T0, 50)
+        assert cron.get("main", "ann", "ping") == added  # stored and read back
+        (first,) = cron.tick(T0)
+        spec = spec_of(store, first)
+        assert (spec["allow"], spec["ask"], spec["deny"]) == (
+            ["cron"],
+            ["web_fetch"],
+            ["write_file", "exec"],
+        )
+        assert spec["permission_mode"] == "plan" and spec["admin"] is False
+        assert (spec["agent_id"], spec["user_id"], spec["workspace"]) == ("main", "ann", "/tmp")
+        store.conn.execute("UPDATE jobs SET status = 'failed' WHERE id = %s", (first,))
+        cron.settle(T0 + timedelta(seconds=1))
+        (retry,) = cron.tick(T0 + timedelta(seconds=31))  # the retry: the same rules
+        assert spec_of(store, retry)["deny"] == ["write_file", "exec"]
+    finally:
+        store.close()
+
+
+def test_an_entry_from_before_the_rules_column_runs_with_its_user_and_no_rules(
+    isolated: Isolated,
+) -> None:
+    """A row written without rules (the migration's default '{}'): no extra rules, not an
+    admin's, still its user's."""
+    store = Store(isolated.database_url)
+    try:
+        store.conn.execute(
+            "INSERT INTO cron_jobs (id, agent_id, user_id, name, schedule, prompt, workspace,"
+            " anchor, next_at) VALUES ('old1', 'main', 'ann', 'old', %s, 'ping', '/tmp', %s, %s)",
+            (Jsonb({"kind": "every", "every_s": 60}), T0, T0),
+        )
+        old = CronStore(store.conn).get("main", "ann", "old")
+        assert old is not None and old.rules == CronRules()
+        (first,) = CronStore(store.conn).tick(T0)
+        spec = spec_of(store, first)
+        assert (spec["allow"], spec["ask"], spec["deny"]) == ([], [], [])
+        assert spec["permission_mode"] == "default" and spec["admin"] is False
+        assert spec["user_id"] == "ann"
+    finally:
+        store.close()
+
+
+def test_an_entry_without_a_user_is_an_operators(isolated: Isolated) -> None:
+    """Only an operator (holding the database) or an admin's job makes a user-less entry
+    (a user's job always acts for its user): its runs are an admin's, as the direct
+    client's jobs are, or they could never start."""
+    store = Store(isolated.database_url)
+    try:
+        cron = CronStore(store.conn)
+        cron.add(job().model_copy(update={"user_id": ""}), T0, 50)
+        (first,) = cron.tick(T0)
+        assert spec_of(store, first)["admin"] is True
     finally:
         store.close()

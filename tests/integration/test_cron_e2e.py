@@ -273,3 +273,62 @@ def test_a_scheduled_run_carries_the_rules_of_the_job_that_scheduled_it(
     assert tried.is_error and tried.decision == "deny:rule", tried
     assert not (workspace / "ran.txt").exists()
     assert row["spec"]["deny"] == ["write_file", "exec"] and row["spec"]["admin"] is False
+
+
+def test_an_update_by_a_job_binds_the_entry_to_that_jobs_rules(
+    cluster: Cluster, workspace: Path
+) -> None:
+    """A job that may not write reschedules and rewrites an entry that a job which may
+    write made: the run is the updating job's, and its write is refused."""
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    made = cluster.client.submit(
+        "schedule a note",
+        workspace=str(workspace),
+        user="dave",
+        admin=False,
+        allow=["cron"],
+        script=script(
+            cron("a", action="add", name="reshaped", kind="at", at=later, prompt="note it"),
+            {"text": "scheduled"},
+        ),
+    )
+    (added,) = made.wait(timeout=60).tool_calls
+    assert not added.is_error, added.output
+    soon = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    write = {"id": "w", "name": "write_file", "input": {"path": "reshaped.txt", "content": "x"}}
+    updater = cluster.client.submit(
+        "make it write",
+        workspace=str(workspace),
+        user="dave",
+        admin=False,
+        allow=["cron"],
+        deny=["write_file", "exec"],
+        script=script(
+            cron(
+                "u",
+                action="update",
+                name="reshaped",
+                at=soon,
+                script={"turns": [{"tool_calls": [write]}, {"text": "tried"}]},
+            ),
+            {"text": "updated"},
+        ),
+    )
+    (updated,) = updater.wait(timeout=60).tool_calls
+    assert not updated.is_error, updated.output
+    store = Store(cluster.iso.database_url)
+    try:
+
+        def run() -> dict[str, object] | None:
+            return store.conn.execute(
+                "SELECT id, spec FROM jobs WHERE spec->>'label' = 'cron:reshaped'"
+                " AND status IN ('completed', 'failed')"
+            ).fetchone()
+
+        row = wait_until(run, 60, "the rescheduled run finished")
+    finally:
+        store.close()
+    (tried,) = cluster.client.job(str(row["id"])).result().tool_calls
+    assert tried.is_error and tried.decision == "deny:rule", tried
+    assert not (workspace / "reshaped.txt").exists()
+    assert row["spec"]["deny"] == ["write_file", "exec"]

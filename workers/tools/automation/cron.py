@@ -163,12 +163,17 @@ class Cron(Tool[CronInput]):
         )
 
     def _merged(self, job: CronJob, args: CronInput, ctx: ToolContext) -> CronJob:
+        """The entry as updated. The updating job is now the one that scheduled it: its
+        runs carry that job's rules and workspace, so a job may not reshape an entry made
+        with wider rules (a person's, another job's) into work it may not do itself."""
         self._payload(args, ctx)
         changes: dict[str, Any] = {
             k: getattr(args, k)
             for k in ("prompt", "model", "script", "delivery", "webhook_url", "missed", "grace_s")
             if getattr(args, k) is not None
         }
+        changes["rules"] = self._job_rules(ctx)
+        changes["workspace"] = ctx.context.workspace
         if args.enabled is not None:
             changes["enabled"] = args.enabled
         if args.session is not None:
@@ -183,9 +188,12 @@ class Cron(Tool[CronInput]):
             raise ToolError(f"prompt: at most {cap} bytes")
 
     def _job_rules(self, ctx: ToolContext) -> CronRules:
-        """The scheduling job's rules: its runs carry them, never more."""
+        """The scheduling job's rules: its runs carry them, never more. A job whose spec
+        cannot be read schedules nothing (no rules would be fewer than it has)."""
         row = ctx.store().job(ctx.job_id) if ctx.store and ctx.job_id else None
-        return CronRules.model_validate(row["spec"] if row else {})  # other fields: ignored
+        if row is None:
+            raise ToolError(f"cannot read the rules of job {ctx.job_id or '(none)'}")
+        return CronRules.model_validate(row["spec"])  # the spec's other fields: ignored
 
     def _job_model(self, ctx: ToolContext) -> str:
         row = ctx.store().job(ctx.job_id) if ctx.store and ctx.job_id else None
