@@ -9,7 +9,6 @@ admin role; a revoked key never authenticates again.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 import secrets
 from collections.abc import Sequence
@@ -88,14 +87,14 @@ async def authenticate(pool: AsyncConnectionPool, presented: str) -> ApiKey | No
     if not match:
         return None
     key_id, secret = match.groups()
+    # Only the right secret marks the key used. Comparing digests in the query leaks
+    # nothing a caller could use: to match a digest's prefix is to find a hash preimage.
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(
-            "UPDATE api_keys SET last_used_at = now() WHERE id = %s AND revoked_at IS NULL"
-            " RETURNING *",
-            (key_id,),
+            "UPDATE api_keys SET last_used_at = now()"
+            " WHERE id = %s AND secret_hash = %s AND revoked_at IS NULL RETURNING *",
+            (key_id, _hash(secret)),
         )
         row = await cur.fetchone()
-    if row is None or not hmac.compare_digest(row["secret_hash"], _hash(secret)):
-        return None
-    return ApiKey.model_validate(row)
+    return None if row is None else ApiKey.model_validate(row)

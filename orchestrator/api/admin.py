@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from broker.custom_tools import CustomTool
 from broker.mcp_config import Grant, McpServer
 from broker.mcp_store import AccessRequest, McpToolRow
-from orchestrator.api.deps import Admin, ApiError, Caller, Svc
+from orchestrator.api.deps import Admin, ApiError, Caller, Id, Svc
 from orchestrator.custom_admin import CustomAdminError
 from orchestrator.mcp_admin import McpAdminError
 
@@ -75,7 +75,7 @@ def mcp_add(body: dict[str, Any], caller: Admin, svc: Svc) -> list[str]:
 
 
 @router.delete("/mcp/servers/{name}", status_code=204)
-def mcp_remove(name: str, caller: Admin, svc: Svc) -> None:
+def mcp_remove(name: Id, caller: Admin, svc: Svc) -> None:
     try:
         svc.client().mcp.remove(name)
     except McpAdminError as exc:
@@ -109,7 +109,7 @@ def mcp_grant(body: GrantBody, caller: Admin, svc: Svc) -> None:
 
 @router.delete("/mcp/grants/{server}", status_code=204)
 def mcp_revoke(
-    server: str, caller: Admin, svc: Svc, agent: str | None = None, user: str | None = None
+    server: Id, caller: Admin, svc: Svc, agent: str | None = None, user: str | None = None
 ) -> None:
     try:
         svc.client().mcp.revoke(server, agent=agent, user=user)
@@ -145,7 +145,7 @@ def mcp_requests(caller: Admin, svc: Svc, status: str | None = "pending") -> lis
 
 
 @router.post("/mcp/requests/{request_id}/review")
-def mcp_review(request_id: str, body: Review, caller: Admin, svc: Svc) -> AccessRequest:
+def mcp_review(request_id: Id, body: Review, caller: Admin, svc: Svc) -> AccessRequest:
     try:
         return svc.client().mcp.review(
             request_id, body.decision == "approve", by=f"api:{caller.user_id}"
@@ -169,7 +169,7 @@ def custom_put(body: dict[str, Any], caller: Admin, svc: Svc) -> CustomTool:
 
 
 @router.get("/custom-tools/{name}")
-def custom_show(name: str, caller: Admin, svc: Svc, agent: str = "") -> CustomTool:
+def custom_show(name: Id, caller: Admin, svc: Svc, agent: str = "") -> CustomTool:
     try:
         return svc.client().custom_tools.show(name, agent)
     except CustomAdminError as exc:
@@ -177,7 +177,7 @@ def custom_show(name: str, caller: Admin, svc: Svc, agent: str = "") -> CustomTo
 
 
 @router.post("/custom-tools/{name}/disable", status_code=204)
-def custom_disable(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
+def custom_disable(name: Id, caller: Admin, svc: Svc, agent: str = "") -> None:
     try:
         svc.client().custom_tools.enable(name, agent, False)
     except CustomAdminError as exc:
@@ -185,7 +185,7 @@ def custom_disable(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
 
 
 @router.post("/custom-tools/{name}/enable", status_code=204)
-def custom_enable(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
+def custom_enable(name: Id, caller: Admin, svc: Svc, agent: str = "") -> None:
     try:
         svc.client().custom_tools.enable(name, agent, True)
     except CustomAdminError as exc:
@@ -193,7 +193,7 @@ def custom_enable(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
 
 
 @router.delete("/custom-tools/{name}", status_code=204)
-def custom_remove(name: str, caller: Admin, svc: Svc, agent: str = "") -> None:
+def custom_remove(name: Id, caller: Admin, svc: Svc, agent: str = "") -> None:
     try:
         svc.client().custom_tools.remove(name, agent)
     except CustomAdminError as exc:

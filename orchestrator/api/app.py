@@ -72,6 +72,9 @@ def create_app(settings: Settings) -> FastAPI:
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors: list[Any] = list(exc.errors())
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        if first["loc"][:1] == ("path",):  # a malformed id names no object: not found
+            missing = ApiError(404, "not_found", f"no {first['loc'][-1]} like that")
+            return JSONResponse(missing.body(), status_code=404)
         field = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
         message = f"{field}: {first['msg']}" if field else str(first["msg"])
         return JSONResponse(

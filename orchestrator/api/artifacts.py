@@ -7,13 +7,13 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from broker.artifacts import ArtifactError, ArtifactStore
-from orchestrator.api.deps import ApiError, Caller, Svc, not_found
+from orchestrator.api.deps import ApiError, Caller, Id, Svc, not_found
 
 router = APIRouter(prefix="/v1", tags=["artifacts"])
 
 
 @router.get("/artifacts/{artifact_id}", response_class=Response)
-def artifact(artifact_id: str, caller: Caller, svc: Svc) -> Response:
+def artifact(artifact_id: Id, caller: Caller, svc: Svc) -> Response:
     store = ArtifactStore(svc.client().store.conn, svc.settings)
     found = store.get(artifact_id)
     if found is None or not caller.may_see(found.user_id):

@@ -20,7 +20,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from psycopg.rows import dict_row
 
 from broker import keys
-from orchestrator.api.deps import Caller, Services, Svc, not_found
+from orchestrator.api.deps import OwnedSession, Services, Svc
 
 router = APIRouter(prefix="/v1", tags=["canvas"])
 
@@ -42,15 +42,6 @@ events.addEventListener("version", (e) => {{
 </script></body></html>"""
 
 
-async def _owned(svc: Services, caller: Any, session_id: str) -> None:
-    async with svc.pool.connection() as conn:
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute("SELECT user_id FROM sessions WHERE id = %s", (session_id,))
-        row = await cur.fetchone()
-    if row is None or not caller.may_see(row["user_id"]):
-        raise not_found(f"session {session_id}")
-
-
 async def _current(svc: Services, session_id: str) -> dict[str, Any] | None:
     async with svc.pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
@@ -63,8 +54,7 @@ async def _current(svc: Services, session_id: str) -> dict[str, Any] | None:
 
 
 @router.get("/sessions/{session_id}/canvas", response_class=HTMLResponse)
-async def page(session_id: str, caller: Caller, svc: Svc) -> HTMLResponse:
-    await _owned(svc, caller, session_id)
+async def page(session_id: OwnedSession) -> HTMLResponse:
     nonce = secrets.token_urlsafe(16)
     body = SHELL.format(nonce=nonce, frame_csp=html_lib.escape(FRAME_CSP, quote=True))
     csp = (
@@ -75,11 +65,8 @@ async def page(session_id: str, caller: Caller, svc: Svc) -> HTMLResponse:
 
 
 @router.get("/sessions/{session_id}/canvas/events", response_class=EventSourceResponse)
-async def canvas_events(
-    session_id: str, caller: Caller, svc: Svc
-) -> AsyncIterator[ServerSentEvent]:
+async def canvas_events(session_id: OwnedSession, svc: Svc) -> AsyncIterator[ServerSentEvent]:
     """The current version at once, then every new one as the agent pushes it."""
-    await _owned(svc, caller, session_id)
     pubsub = svc.redis.pubsub()
     await pubsub.subscribe(keys.canvas(session_id))
     try:

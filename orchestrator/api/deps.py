@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from broker.api_keys import ApiKey, authenticate
@@ -109,3 +110,23 @@ async def admin(caller: Annotated[Principal, Depends(principal)]) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 Admin = Annotated[Principal, Depends(admin)]
 Svc = Annotated[Services, Depends(services)]
+
+Id = Annotated[str, Path(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
+"""Every path parameter: printable, at most 256 characters. Anything else is no object of
+ours, so it is a 404 (app.py maps a path parameter's validation error to it), decided
+before a query could fail on it (PostgreSQL refuses a NUL byte)."""
+
+
+async def owned_session(session_id: Id, caller: Caller, svc: Svc) -> str:
+    """The session id if this caller may see it; 404 otherwise. A dependency, so it is
+    decided before a response (the canvas's event stream) starts."""
+    async with svc.pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute("SELECT user_id FROM sessions WHERE id = %s", (session_id,))
+        row = await cur.fetchone()
+    if row is None or not caller.may_see(row["user_id"]):
+        raise not_found(f"session {session_id}")
+    return session_id
+
+
+OwnedSession = Annotated[str, Depends(owned_session)]

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,11 +17,12 @@ from broker import keys
 from broker.budget import Limits
 from broker.messages import FINAL_STATUSES, JobResult, Subagent
 from broker.policy_config import PermissionMode
-from orchestrator.api.deps import ApiError, Caller, Services, Svc, not_found
+from orchestrator.api.deps import ApiError, Caller, Id, OwnedSession, Services, Svc, not_found
 from orchestrator.client import ClientError
 from orchestrator.tenancy import TenancyError
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
+STREAM_ID = r"^[0-9]{1,20}(-[0-9]{1,20})?$"  # a Redis stream id: where to resume
 
 
 class SubmitJob(BaseModel):
@@ -86,7 +87,7 @@ class SessionView(BaseModel):
     messages: list[SessionMessage]
 
 
-def owned_job(job_id: str, caller: Caller, svc: Svc) -> dict[str, Any]:
+def owned_job(job_id: Id, caller: Caller, svc: Svc) -> dict[str, Any]:
     """The job row if this caller may see it; 404 otherwise (no probing). A dependency,
     so it is decided before a response (an event stream) starts."""
     row = svc.client().store.job(job_id)
@@ -164,17 +165,17 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
 
 
 @router.get("/jobs/{job_id}")
-def get_job(job_id: str, job: OwnedJob, svc: Svc) -> JobResult:
+def get_job(job_id: Id, job: OwnedJob, svc: Svc) -> JobResult:
     return svc.client().job(job_id).result()
 
 
 @router.get("/jobs/{job_id}/events", response_class=EventSourceResponse)
 async def events(
-    job_id: str,
+    job_id: Id,
     job: OwnedJob,
     svc: Svc,
-    last_event_id: Annotated[str | None, Header()] = None,
-    after: str | None = None,
+    last_event_id: Annotated[str | None, Header(pattern=STREAM_ID)] = None,
+    after: Annotated[str | None, Query(pattern=STREAM_ID)] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """The job's events as SSE, from the start or after `Last-Event-ID` (or `?after=`);
     the stream ends after `job_finished`."""
@@ -193,7 +194,7 @@ async def events(
 
 @router.post("/jobs/{job_id}/approvals/{request_id}", status_code=204)
 def approve(
-    job_id: str, request_id: str, body: Answer, job: OwnedJob, caller: Caller, svc: Svc
+    job_id: Id, request_id: Id, body: Answer, job: OwnedJob, caller: Caller, svc: Svc
 ) -> None:
     """Answer an approval: the job's user or an admin."""
     try:
@@ -205,12 +206,12 @@ def approve(
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=204)
-def cancel(job_id: str, job: OwnedJob, svc: Svc) -> None:
+def cancel(job_id: Id, job: OwnedJob, svc: Svc) -> None:
     svc.client().job(job_id).cancel()
 
 
 @router.post("/jobs/{job_id}/steer", status_code=204)
-def steer(job_id: str, body: Steer, job: OwnedJob, svc: Svc) -> None:
+def steer(job_id: Id, body: Steer, job: OwnedJob, svc: Svc) -> None:
     try:
         svc.client().job(job_id).steer(body.message)
     except ClientError as exc:
@@ -218,18 +219,17 @@ def steer(job_id: str, body: Steer, job: OwnedJob, svc: Svc) -> None:
 
 
 @router.get("/jobs/{job_id}/subagents")
-def subagents(job_id: str, job: OwnedJob, svc: Svc) -> list[Subagent]:
+def subagents(job_id: Id, job: OwnedJob, svc: Svc) -> list[Subagent]:
     return svc.client().job(job_id).subagents()
 
 
 @router.get("/sessions/{session_id}")
-def session(session_id: str, caller: Caller, svc: Svc, last: int = 100) -> SessionView:
+def session(session_id: OwnedSession, svc: Svc, last: int = 100) -> SessionView:
     store = svc.client().store
     row = store.conn.execute(
         "SELECT id, agent_id, user_id FROM sessions WHERE id = %s", (session_id,)
     ).fetchone()
-    if row is None or not caller.may_see(row["user_id"]):
-        raise not_found(f"session {session_id}")
+    assert row is not None  # owned_session found it
     jobs = store.conn.execute(
         "SELECT id, status, iterations, spec->>'prompt' AS prompt FROM jobs"
         " WHERE session_id = %s ORDER BY created_at",
