@@ -1,11 +1,11 @@
 """The orchestrator process: takes agent runs off the `agents` queue and drives them all
 on one asyncio event loop.
 
-The `agents` queue is consumed on the loop too (broker/agent_queue.py: a reliable list,
+The `agents` queue is consumed on the loop too (broker/redis/agent_queue.py: a reliable list,
 taken in batches), as is everything else: model streams, tool dispatch, outcomes,
 PostgreSQL.
 Each running job holds a lease in Redis, refreshed by this process's heartbeat thread
-(orchestrator/leases.py) while the loop is alive: a job whose orchestrator died loses its
+(orchestrator/services/leases.py) while the loop is alive: a job whose orchestrator died loses its
 lease within seconds and is resumed by another orchestrator from its transcript.
 """
 
@@ -27,26 +27,28 @@ import redis
 import redis.asyncio as aioredis
 from celery import Celery
 
-from broker import events, keys, metrics, tracing
-from broker.admission import RECLAIM
-from broker.agent_queue import AgentQueue, AgentRun
-from broker.announce import AnnounceItem, AnnounceQueue, batch_message
-from broker.celery_app import create_app
-from broker.connections import async_redis, retry_pause
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, Group, JobSpec
-from broker.presence import process_id
-from broker.ratelimit import RateLimiter
-from broker.settings import Settings
-from broker.store import AsyncStore
-from orchestrator.approvals import ApprovalAnswer, Approvals
-from orchestrator.custom_catalog import CustomCatalog
-from orchestrator.dispatch import Dispatcher
-from orchestrator.hooks import Hooks
-from orchestrator.leases import LeaseKeeper
+from broker import keys
+from broker.celery.app import create_app
+from broker.config.settings import Settings
+from broker.obs import metrics, tracing
+from broker.pg.store import AsyncStore
+from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, Group, JobSpec
+from broker.redis import events
+from broker.redis.admission import RECLAIM
+from broker.redis.agent_queue import AgentQueue, AgentRun
+from broker.redis.announce import AnnounceItem, AnnounceQueue, batch_message
+from broker.redis.connections import async_redis, retry_pause
+from broker.redis.presence import process_id
+from broker.redis.ratelimit import RateLimiter
+from orchestrator.calls.approvals import ApprovalAnswer, Approvals
+from orchestrator.calls.dispatch import Dispatcher
+from orchestrator.calls.hooks import Hooks
+from orchestrator.calls.policy import PolicyEngine
+from orchestrator.job.run import JobRun, Services
+from orchestrator.job.tools import CustomCatalog
 from orchestrator.live import LiveSettings
-from orchestrator.loop import JobRun, Services
-from orchestrator.policy import PolicyEngine
-from orchestrator.task_events import AgentTaskEvents
+from orchestrator.services.leases import LeaseKeeper
+from orchestrator.services.task_events import AgentTaskEvents
 from workers.registry import Registry, default_registry
 
 log = logging.getLogger("clawq.orchestrator")
@@ -477,9 +479,9 @@ class Orchestrator:
                 log.exception("archiving subagents failed")
 
     async def tick_cron(self) -> None:
-        """The scheduler's ticker (orchestrator/cron_ticker.py): every orchestrator ticks,
+        """The scheduler's ticker (orchestrator/services/cron.py): every orchestrator ticks,
         PostgreSQL makes each scheduled time start once."""
-        from orchestrator.cron_ticker import Ticker
+        from orchestrator.services.cron import Ticker
 
         ticker = Ticker(self.settings, self.app)
         try:
@@ -494,8 +496,8 @@ class Orchestrator:
 
     async def purge_artifacts(self) -> None:
         """Artifacts past their retention go, and the bytes no artifact uses any more."""
-        from broker.artifacts import ArtifactStore
-        from broker.store import Store
+        from broker.pg.store import Store
+        from broker.stores.artifacts import ArtifactStore
 
         def purge() -> int:
             store = Store(self.settings.database_url)

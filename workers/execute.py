@@ -18,20 +18,21 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import keys, tracing
-from broker.celery_app import create_app
-from broker.ledger import Ledger
-from broker.messages import CallEnvelope, CallOutcome
-from broker.metrics import metrics
-from broker.presence import Heartbeat, process_id
-from broker.settings import Settings
-from broker.store import Store
-from workers import confine
+from broker import keys
+from broker.celery.app import create_app
+from broker.config.settings import Settings
+from broker.obs import tracing
+from broker.obs.metrics import metrics
+from broker.pg.store import Store
+from broker.protocol import CallEnvelope, CallOutcome
+from broker.redis.ledger import Ledger
+from broker.redis.presence import Heartbeat, process_id
+from workers.confine import host as confine
+from workers.confine.sandbox import Sandbox, SandboxError
 from workers.registry import Registry
-from workers.sandbox import Sandbox, SandboxError
 from workers.scrub import Scrubber, secrets_of
 from workers.tool import SideEffect, ToolContext, ToolError, ToolResult
-from workers.tools.process import end_session, state_root
+from workers.tools.runtime.process import end_session, state_root
 
 log = logging.getLogger("clawq.worker")
 
@@ -75,8 +76,9 @@ class WorkerRuntime:
         scrub = Scrubber(secrets_of(settings))
         runtime = cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
         runtime.base_settings = settings
-        from broker import changes, live_config
-        from broker.changes import Listener
+        from broker.config import live as live_config
+        from broker.redis import changes
+        from broker.redis.changes import Listener
 
         # live configuration (web domain lists, …) reaches this process within moments
         Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
@@ -96,7 +98,7 @@ class WorkerRuntime:
     def reload_settings(self, topic: str = "") -> None:
         """The environment's settings with the applied live configuration over them; the
         next call uses them. A failure keeps what is in force."""
-        from broker.live_config import ConfigError, LiveConfigStore, effective, reject
+        from broker.config.live import ConfigError, LiveConfigStore, effective, reject
 
         base = self.base_settings or self.settings
         try:
@@ -240,7 +242,7 @@ class WorkerRuntime:
     def dead_letter(self, envelope: CallEnvelope, attempts: int) -> None:
         """The call used up its deliveries: keep it, with its envelope, for `clawq dlq`.
         The model still gets its error result; a failure here must not lose that."""
-        from broker.dead_letters import DeadLetters
+        from broker.stores.dead_letters import DeadLetters
 
         try:
             DeadLetters(self.store().conn).exhausted(
@@ -255,7 +257,7 @@ class WorkerRuntime:
 
     def undecodable(self, body: Any, task: str, reason: str) -> None:
         """A message that is not an envelope: kept as it came, never retried."""
-        from broker.dead_letters import DeadLetters
+        from broker.stores.dead_letters import DeadLetters
 
         try:
             DeadLetters(self.store().conn).undecodable(body, self.queue, task, reason)

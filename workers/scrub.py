@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from functools import cache
 from urllib.parse import urlsplit
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 
 REDACTED = "[REDACTED]"
 TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.+/~")

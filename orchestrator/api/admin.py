@@ -9,12 +9,12 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.custom_tools import CustomTool
-from broker.mcp_config import Grant, McpServer
-from broker.mcp_store import AccessRequest, McpToolRow
+from broker.config.mcp import Grant, McpServer
+from broker.stores.custom_tools import CustomTool
+from broker.stores.mcp import AccessRequest, McpToolRow
+from orchestrator.admin.custom_tools import CustomAdminError
+from orchestrator.admin.mcp import McpAdminError
 from orchestrator.api.deps import Admin, ApiError, Caller, Id, Svc
-from orchestrator.custom_admin import CustomAdminError
-from orchestrator.mcp_admin import McpAdminError
 
 router = APIRouter(prefix="/v1", tags=["administration"])
 

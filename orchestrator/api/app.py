@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, Response
 from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from broker.ratelimit import RateLimiter
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.redis.ratelimit import RateLimiter
 from orchestrator.api import admin, artifacts, canvas, jobs
 from orchestrator.api.deps import ApiError, Services
 from orchestrator.api.streams import EventHub

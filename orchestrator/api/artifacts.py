@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from broker.artifacts import ArtifactError, ArtifactStore
+from broker.stores.artifacts import ArtifactError, ArtifactStore
 from orchestrator.api.deps import ApiError, Caller, Id, Svc, not_found
 
 router = APIRouter(prefix="/v1", tags=["artifacts"])

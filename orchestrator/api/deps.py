@@ -18,9 +18,9 @@ from fastapi import Depends, Path, Request
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from broker.api_keys import ApiKey, authenticate
-from broker.ratelimit import RateLimiter
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.redis.ratelimit import RateLimiter
+from broker.stores.api_keys import ApiKey, authenticate
 from orchestrator.api.streams import EventHub
 from orchestrator.client import Client
 

@@ -14,12 +14,12 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import keys
-from broker.budget import Limits
-from broker.messages import FINAL_STATUSES, JobResult, Subagent
-from broker.policy_config import PermissionMode
+from broker.config.policy import PermissionMode
+from broker.protocol import FINAL_STATUSES, JobResult, Subagent
+from broker.redis.budget import Limits
 from orchestrator.api.deps import ApiError, Caller, Id, OwnedSession, Services, Svc, not_found
+from orchestrator.calls.tenancy import TenancyError
 from orchestrator.client import ClientError
-from orchestrator.tenancy import TenancyError
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 STREAM_ID = r"^[0-9]{1,20}(-[0-9]{1,20})?$"  # a Redis stream id: where to resume

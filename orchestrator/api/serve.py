@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 
 
 class ExposureError(Exception):

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from broker.budget import Budget, Limits, price
+from broker.redis.budget import Budget, Limits, price
 from tests.conftest import Isolated
 
 

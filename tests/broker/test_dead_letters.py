@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from broker.dead_letters import DeadLetters
-from broker.messages import CallContext, CallEnvelope
-from broker.store import Store
+from broker.pg.store import Store
+from broker.protocol import CallContext, CallEnvelope
+from broker.stores.dead_letters import DeadLetters
 from tests.conftest import Isolated
 
 

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from broker import keys
-from broker.ledger import Ledger
+from broker.redis.ledger import Ledger
 from tests.conftest import Isolated
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from broker.messages import CallOutcome, JobSpec
-from broker.store import AsyncStore, Store
-from broker.transcript_writes import Results
+from broker.pg.store import AsyncStore, Store
+from broker.pg.transcript_writes import Results
+from broker.protocol import CallOutcome, JobSpec
 from tests.conftest import Isolated
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.cron_schedule import Schedule
-from broker.cron_store import CronJob, CronStore
-from broker.store import Store
+from broker.pg.store import Store
+from broker.stores.cron import CronJob, CronStore
+from broker.stores.cron_schedule import Schedule
 from tests.integration.conftest import Cluster, script, start_cluster, wait_until
 from tests.sites import Reply, Site
 

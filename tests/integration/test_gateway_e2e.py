@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from broker.live_config import LiveConfigStore
-from broker.store import Store
+from broker.config.live import LiveConfigStore
+from broker.pg.store import Store
 from tests.integration.conftest import Cluster, start_cluster
 from tests.sites import Reply, Site
 
@@ -217,7 +217,7 @@ def test_workers_add_and_cancel_a_consumer_and_restart_a_pool(
     )
     assert f"{runtime}: reload started" in restarted.output, restarted.output
     time.sleep(2.0)  # the prefork children are replaced; calls keep working after it
-    (call, _), = exec_jobs(cluster, workspace, 1)
+    ((call, _),) = exec_jobs(cluster, workspace, 1)
     assert not call.is_error and "hi" in call.output, call.output
 
 

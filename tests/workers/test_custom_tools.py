@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from broker.custom_tools import CustomTool, CustomToolError, CustomToolSpec
-from broker.messages import CallContext
-from broker.secretbox import SecretBox, SecretError, new_key
-from broker.settings import Settings
+from broker.config.secretbox import SecretBox, SecretError, new_key
+from broker.config.settings import Settings
+from broker.protocol import CallContext
+from broker.stores.custom_tools import CustomTool, CustomToolError, CustomToolSpec
 from workers.tool import ToolContext
-from workers.tools.custom import tool_class
+from workers.tools.custom_tools.tool import tool_class
 
 SCHEMA = {
     "type": "object",

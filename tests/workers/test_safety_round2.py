@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from workers.confine.safety import judge, judge_line
+from workers.confine.shell import parse_shell
 from workers.registry import default_registry
-from workers.safety import judge, judge_line
-from workers.shell import parse_shell
 
 D = "destructive file operation"
 W = "write outside the workspace"

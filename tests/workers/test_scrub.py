@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from workers.scrub import REDACTED, Scrubber, secrets_of
 
 scrub = Scrubber(["hunter2-literal"])

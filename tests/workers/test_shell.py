@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.shell import command_pattern, parse_shell
+from workers.confine.shell import command_pattern, parse_shell
 
 
 @pytest.mark.parametrize(

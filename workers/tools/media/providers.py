@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from workers.tool import ToolContext
 
 if TYPE_CHECKING:
-    from workers.egress import Fetched
+    from workers.egress.client import Fetched
 
 
 class ProviderError(Exception):
@@ -68,8 +68,8 @@ def send(
     become a `ProviderError`. The status is the caller's to judge (see `check`)."""
     import httpx
 
-    from workers.egress import egress_for
-    from workers.netguard import EgressError
+    from workers.egress.client import egress_for
+    from workers.egress.netguard import EgressError
 
     timeout = httpx.Timeout(timeout_s, connect=ctx.settings.web_connect_timeout_s)
     extra: dict[str, Any] = {"timeout": timeout}

@@ -13,7 +13,7 @@ from typing import Protocol
 import httpx
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 
 
 class EmbedderError(Exception):

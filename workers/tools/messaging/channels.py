@@ -19,9 +19,9 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 from typing import Any
 
-from broker.settings import MessageChannel, Settings
-from workers.egress import egress_for
-from workers.netguard import EgressError
+from broker.config.settings import MessageChannel, Settings
+from workers.egress.client import egress_for
+from workers.egress.netguard import EgressError
 
 SIGNATURE_HEADER = "X-Clawq-Signature"  # sha256=<hex HMAC of "<timestamp>.<body>">
 TIMESTAMP_HEADER = "X-Clawq-Timestamp"

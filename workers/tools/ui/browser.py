@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from broker import keys
-from broker.messages import Group
-from workers.netguard import EgressError, EgressPolicy, check_url, domain_matches, parse_url
+from broker.protocol import Group
+from workers.egress.netguard import EgressError, EgressPolicy, check_url, domain_matches, parse_url
 from workers.tool import (
     Permission,
     RuleKind,
@@ -225,7 +225,7 @@ def _keeper(ctx: ToolContext) -> Keep:
     (the session whose page downloaded), this call lending only the database."""
 
     def keep(owner: Owner, name: str, data: bytes, mime: str) -> str:
-        from broker.artifacts import ArtifactError, ArtifactStore
+        from broker.stores.artifacts import ArtifactError, ArtifactStore
 
         if ctx.store is None:
             raise ToolError("no database here to keep the download")

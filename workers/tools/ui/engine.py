@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker.settings import Settings
-from workers.egress_proxy import EgressProxy
-from workers.netguard import EgressError, EgressPolicy, check_url, parse_url
+from broker.config.settings import Settings
+from workers.egress.netguard import EgressError, EgressPolicy, check_url, parse_url
+from workers.egress.proxy import EgressProxy
 from workers.tool import ToolError
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import BaseModel
 
-from broker.settings import Settings
-from workers.egress import Egress, Fetched
-from workers.netguard import EgressError
+from broker.config.settings import Settings
+from workers.egress.client import Egress, Fetched
+from workers.egress.netguard import EgressError
 from workers.tools.web.search import Freshness
 
 NAMES = ("brave", "tavily", "searxng", "duckduckgo")

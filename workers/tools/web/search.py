@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from broker.messages import Group
+from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
 
 Freshness = Literal["day", "week", "month", "year"]
@@ -50,7 +50,7 @@ class WebSearch(Tool[WebSearchInput]):
         return True
 
     def run(self, args: WebSearchInput, ctx: ToolContext) -> ToolResult:
-        from workers.egress import egress_for
+        from workers.egress.client import egress_for
         from workers.tools.web import providers as p
         from workers.tools.web.shared import Breaker, Quota, cache_get, cache_key, cache_put
 

@@ -1,0 +1,12 @@
+"""The Python client: direct (Redis and PostgreSQL) or remote (the HTTP API), one interface.
+
+from orchestrator.client import Client
+client = Client()  # CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL from the environment
+client = Client(api_url="https://clawq.example", api_key="clawq_…")  # over the HTTP API
+"""
+
+from orchestrator.client.base import ClientError
+from orchestrator.client.local import Client, Job
+from orchestrator.client.remote import RemoteClient, RemoteJob
+
+__all__ = ["Client", "ClientError", "Job", "RemoteClient", "RemoteJob"]

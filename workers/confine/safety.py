@@ -1,0 +1,509 @@
+"""Shell safety by parsing, not by regex on the raw string.
+
+Every command a line would run (see `workers.confine.shell`) is judged, with its flags understood
+in any order, case and spelling, and its paths resolved where they point after the
+line's `cd`s. Categories: the seed's destructive file operations, disk destruction,
+system control, fork bombs, remote code execution, reverse shells and eval injection,
+plus data exfiltration, privilege escalation, persistence and writes outside the
+workspace. A command that merely mentions a word (`grep -r shutdown docs/`,
+`echo "format check"`) is not judged by that word. What an interpreter does with inline
+code (`python3 -c …`) is not guessed: confinement (`workers.confine.host`) contains it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from workers.confine.shell import SHELLS, ParsedShell, SimpleCommand, find_parts, parse_shell
+
+INTERPRETERS = SHELLS | {"python", "python2", "python3", "perl", "ruby", "node", "php", "lua"}
+DOWNLOADERS = frozenset({"curl", "wget", "fetch", "aria2c", "http", "https", "lwp-download"})
+DECODERS = frozenset({"base64", "base32", "xxd", "uudecode", "openssl", "gunzip", "zcat", "rev"})
+NETCATS = frozenset({"nc", "ncat", "netcat", "socat", "telnet"})
+SENDERS = NETCATS | {"curl", "wget", "scp", "rsync", "sftp", "ftp", "http", "https"}
+# per tool, options whose value is a credential the tool uses, not one it sends
+_SSH_USE = frozenset({"-i", "-F", "-o"})
+_CURL_USE = frozenset({"-E", "--cert", "--key", "--cacert", "--capath"})
+CREDENTIAL_USE = {
+    "scp": _SSH_USE,
+    "sftp": _SSH_USE,
+    "rsync": _SSH_USE,
+    "curl": _CURL_USE,
+    "wget": frozenset({"--certificate", "--private-key", "--ca-certificate"}),
+}
+DELETERS = frozenset({"rm", "unlink", "rmdir", "shred"})
+# find tests that narrow what it matches; -type, -mindepth and -maxdepth do not
+FIND_TESTS = frozenset(
+    {
+        "-name",
+        "-iname",
+        "-path",
+        "-ipath",
+        "-wholename",
+        "-iwholename",
+        "-regex",
+        "-iregex",
+        "-lname",
+        "-ilname",
+        "-newer",
+        "-anewer",
+        "-cnewer",
+        "-newermt",
+        "-mtime",
+        "-mmin",
+        "-atime",
+        "-amin",
+        "-ctime",
+        "-cmin",
+        "-size",
+        "-empty",
+        "-user",
+        "-group",
+        "-uid",
+        "-gid",
+        "-perm",
+        "-links",
+        "-inum",
+        "-samefile",
+        "-used",
+    }
+)
+# commands whose operands are files they change: with targets from stdin they are unknown
+TARGET_TAKERS = DELETERS | {
+    "mv",
+    "cp",
+    "ln",
+    "install",
+    "tee",
+    "truncate",
+    "touch",
+    "chmod",
+    "chown",
+    "chgrp",
+    "dd",
+    "sed",
+}
+# outside the workspace, but where writes are routine (a private /tmp under confinement)
+SCRATCH = (
+    "/tmp/",
+    "/dev/null",
+    "/dev/stdout",
+    "/dev/stderr",
+    "/dev/tty",
+    "/dev/fd/",
+    "/proc/self/fd/",
+    "/dev/shm/",
+)
+RC_FILES = frozenset(
+    {
+        ".bashrc",
+        ".bash_profile",
+        ".bash_login",
+        ".bash_logout",
+        ".profile",
+        ".zshrc",
+        ".zprofile",
+        ".zshenv",
+        ".zlogin",
+        ".kshrc",
+        ".cshrc",
+        ".tcshrc",
+        ".login",
+        ".xprofile",
+        ".xinitrc",
+    }
+)
+PERSISTENT = re.compile(
+    r"(^|/)(authorized_keys2?|\.ssh/(rc|config|environment))$"
+    r"|^/etc/(profile(\.d/.*)?|bash\.bashrc|environment|ld\.so\.preload|rc\.local|"
+    r"cron[^/]*(/.*)?|anacrontab|systemd/.*|init\.d/.*|update-motd\.d/.*|sudoers\.d/.*)$"
+    r"|^/(usr/)?lib/systemd/.*|^/var/spool/cron(/.*)?$|^~/\.config/(systemd|autostart)/.*"
+    r"|\.(service|timer|socket)$"
+)
+KERNEL = re.compile(r"^/proc/(sys(/.*)?|sysrq-trigger|sys/kernel/.*)$|^/sys/.*")
+SYSTEMCTL_PERSIST = frozenset({"enable", "reenable", "link", "preset", "set-default", "edit"})
+DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|md|dm-|loop|mapper/)")
+SENSITIVE = re.compile(
+    r"(^|/)(\.ssh(/|$)|id_(rsa|dsa|ecdsa|ed25519)|\.aws/credentials|\.netrc|\.pgpass|"
+    r"\.env(\.|$)|\.npmrc|\.pypirc|\.docker/config\.json|\.kube/config|\.gnupg(/|$))"
+    r"|^/etc/(shadow|gshadow|sudoers)|\.pem$|\.key$"
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    category: str
+    command: str
+    why: str
+
+    def message(self) -> str:
+        return f"blocked ({self.category}): `{self.command}` {self.why}"
+
+
+def _flags(argv: tuple[str, ...]) -> tuple[set[str], list[str]]:
+    """Short flags as single letters (`-Rf` → R, f), long ones as words; and operands."""
+    letters: set[str] = set()
+    operands: list[str] = []
+    after_dashdash = False
+    for arg in argv[1:]:
+        if after_dashdash or not arg.startswith("-") or arg == "-":
+            operands.append(arg)
+        elif arg == "--":
+            after_dashdash = True
+        elif arg.startswith("--"):
+            letters.add(arg[2:].split("=", 1)[0].lower())
+        else:
+            letters.update(arg[1:])
+    return letters, operands
+
+
+def _long(flags: set[str], name: str) -> bool:
+    """GNU long options may be abbreviated: `--rec` is `--recursive`."""
+    return any(len(f) >= 3 and name.startswith(f) for f in flags)
+
+
+def _outside(path: str) -> bool:
+    """A resolved path (see `SimpleCommand.resolve`) that leaves the working directory:
+    absolute, home, computed, or `..`."""
+    if path.startswith(("/", "~", "$")):
+        return True
+    return ".." in PurePosixPath(path).parts
+
+
+def _whole(path: str) -> bool:
+    """A resolved path that is the whole working directory (`.`, `*`, `./*`, `.*`)."""
+    return path in (".", "*", ".*", "")
+
+
+def _scratch(path: str) -> bool:
+    """Outside, but where writing is routine: the private /tmp, the standard streams."""
+    return any(path == p.rstrip("/") or path.startswith(p) for p in SCRATCH)
+
+
+def _escapes(c: SimpleCommand, path: str) -> bool:
+    """A write to `path` by `c` would change something outside the workspace."""
+    resolved = c.resolve(path)
+    return _outside(resolved) and not _scratch(resolved)
+
+
+def _where(c: SimpleCommand, path: str) -> str:
+    """Where a target points, for a refusal, when a `cd` earlier in the line moved it."""
+    resolved = c.resolve(path)
+    return "" if c.cwd == "." else f" ({path} is {resolved} after the cd)"
+
+
+def _destructive(c: SimpleCommand) -> str | None:
+    flags, operands = _flags(c.argv)
+    if c.name == "rm":
+        recursive = bool(flags & {"r", "R"}) or _long(flags, "recursive")
+        if "no-preserve-root" in flags:
+            return "removes without root protection"
+        for o in operands:
+            resolved = c.resolve(o)
+            if recursive and (_outside(resolved) or _whole(resolved)):
+                return "removes a tree outside the workspace (or all of it) recursively" + _where(
+                    c, o
+                )
+    if c.name == "find":
+        starts, expression, actions = find_parts(c.argv)
+        deleting = "-delete" in expression or any(
+            os.path.basename(a[0]) in DELETERS for a in actions
+        )
+        selective = bool(FIND_TESTS & set(expression))
+        for start in starts or ["."]:
+            resolved = c.resolve(start)
+            if deleting and _outside(resolved):
+                return "deletes a tree outside the workspace" + _where(c, start)
+            if deleting and _whole(resolved) and not selective:
+                return "deletes the whole workspace (no -name, -path or other test narrows it)"
+    recursive_mode = c.name in ("chmod", "chown", "chgrp") and (
+        "R" in flags or _long(flags, "recursive")
+    )
+    if recursive_mode and any(
+        o in ("/", "/*", "~") or o.startswith(("/etc", "/usr", "/bin")) for o in operands
+    ):
+        return "changes ownership or modes of system trees"
+    if c.name == "shred" and any(_outside(c.resolve(o)) for o in operands):
+        return "overwrites files outside the workspace"
+    outside = next((o for o in operands if _escapes(c, o)), None)
+    if c.name in ("rm", "unlink", "rmdir") and outside is not None:
+        return f"removes {outside}, outside the workspace" + _where(c, outside)
+    return None
+
+
+def _disk(c: SimpleCommand) -> str | None:
+    if re.fullmatch(r"mkfs(\.\w+)?|mke2fs|mkdosfs|mkntfs", c.name) or c.name in (
+        "wipefs",
+        "mkswap",
+    ):
+        return "formats a disk"
+    if c.name == "dd" and any(a.startswith("of=/dev/") and DEVICE.match(a[3:]) for a in c.argv):
+        return "writes raw blocks to a disk"
+    if c.name in ("fdisk", "sfdisk", "parted", "sgdisk", "gdisk") and len(c.argv) > 1:
+        return "rewrites a partition table"
+    if any(DEVICE.match(t) for t in c.writes_to):
+        return "redirects output onto a disk device"
+    if c.name == "shred" and any(DEVICE.match(a) for a in c.argv[1:]):
+        return "overwrites a disk"
+    return None
+
+
+def _system(c: SimpleCommand) -> str | None:
+    if c.name in ("shutdown", "reboot", "poweroff", "halt", "kexec", "telinit"):
+        return "stops or restarts the machine"
+    if c.name == "init" and c.argv[1:2] in (("0",), ("6",)):
+        return "stops or restarts the machine"
+    if c.name == "systemctl" and any(
+        a in ("poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "rescue", "emergency")
+        for a in c.argv[1:]
+    ):
+        return "stops or restarts the machine"
+    if c.name in ("kill", "pkill", "killall") and (
+        c.argv[-1:] == ("1",) or "init" in c.argv[1:] or "-1" in c.argv[1:]
+    ):
+        return "kills init or every process"
+    if any(KERNEL.match(c.resolve(t)) for t in write_targets(c)):
+        return "writes kernel settings or triggers (/proc/sys, /proc/sysrq-trigger, /sys)"
+    if c.name == "sysctl" and any(a == "-w" or "=" in a for a in c.argv[1:]):
+        return "changes kernel settings"
+    return None
+
+
+def write_targets(c: SimpleCommand) -> list[str]:
+    """The files a command writes or replaces, as written: its output redirects, and the
+    targets of the commands that write where their operands say."""
+    flags, operands = _flags(c.argv)
+    found = list(c.writes_to)
+    if c.name in ("tee", "truncate", "touch", "shred", "rm", "unlink", "rmdir"):
+        found += operands
+    elif c.name in ("cp", "mv", "install", "ln"):
+        directory = next(
+            (
+                a.split("=", 1)[1] if "=" in a else c.argv[i + 2]
+                for i, a in enumerate(c.argv[1:])
+                if (a == "-t" and i + 2 < len(c.argv)) or a.startswith("--target-directory=")
+            ),
+            None,
+        )
+        if directory is not None:
+            found.append(directory)
+        elif c.name == "install" and "d" in flags:
+            found += operands
+        elif len(operands) >= 2:
+            found.append(operands[-1])
+        if c.name == "mv":  # a moved file is gone from where it was
+            found += operands
+    elif c.name == "dd":
+        found += [a[3:] for a in c.argv[1:] if a.startswith("of=")]
+    elif c.name == "sed" and ("i" in flags or _long(flags, "in-place")):
+        scripted = bool(flags & {"e", "f"}) or _long(flags, "expression") or _long(flags, "file")
+        found += operands if scripted else operands[1:]
+    return [t for t in found if t and t != "-"]
+
+
+def _persistence(c: SimpleCommand) -> str | None:
+    if c.name == "crontab" and c.argv[1:] != ("-l",) and "-l" not in c.argv[1:]:
+        return "installs or changes scheduled jobs (crontab)"
+    if c.name in ("at", "batch") and "-l" not in c.argv[1:]:
+        return "schedules a command to run later"
+    if c.name == "systemctl" and SYSTEMCTL_PERSIST & set(c.argv[1:]):
+        return "makes a service start at boot or login"
+    for target in write_targets(c):
+        resolved = c.resolve(target)
+        if not _outside(resolved):
+            continue
+        if PurePosixPath(resolved).name in RC_FILES or PERSISTENT.search(resolved):
+            return f"writes {target}, which runs again later (shell start-up, cron, ssh, systemd)"
+    return None
+
+
+def _writes_outside(c: SimpleCommand) -> str | None:
+    for target in write_targets(c):
+        if _escapes(c, target):
+            return f"writes {target}, outside the workspace" + _where(c, target)
+    return None
+
+
+def _reverse_shell(c: SimpleCommand) -> str | None:
+    redirects = " ".join((*c.writes_to, *c.reads_from))
+    if "/dev/tcp/" in redirects or "/dev/udp/" in redirects:
+        return "opens a raw network connection through /dev/tcp"
+    words = " ".join(c.argv)
+    flags, _ = _flags(c.argv)
+    if c.name in ("nc", "ncat", "netcat") and (
+        flags & {"e", "c"} or _long(flags, "exec") or _long(flags, "sh-exec")
+    ):
+        return "binds a shell to a network connection"
+    if c.name == "socat" and any(re.match(r"(?i)(exec|system):", a) for a in c.argv[1:]):
+        return "binds a program to a network connection"
+    if (
+        c.name in INTERPRETERS
+        and "socket" in words
+        and re.search(r"pty|subprocess|dup2|exec", words)
+    ):
+        return "runs a socket-connected shell"
+    return None
+
+
+def _privilege(c: SimpleCommand) -> str | None:
+    if c.name in ("sudo", "su", "doas", "pkexec", "runuser", "setpriv"):
+        return "changes user (privilege escalation)"
+    if c.name == "chmod" and any(
+        re.fullmatch(r"(u|g|ug|a)?\+s|[2-7][0-7]{3}", a) for a in c.argv[1:]
+    ):
+        return "sets the setuid/setgid bit"
+    if c.name == "setcap":
+        return "grants file capabilities"
+    system_files = ("/etc/sudoers", "/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow")
+    if any(c.resolve(t).startswith(system_files) for t in write_targets(c)):
+        return "writes the system's user or sudo files"
+    return None
+
+
+def _eval(c: SimpleCommand) -> str | None:
+    if c.name == "eval" and any("$" in a or "`" in a for a in c.argv[1:]):
+        return "evaluates text computed at run time"
+    if c.name in INTERPRETERS and any(
+        ("$(" in a or "`" in a or "<(" in a) and re.search(r"\b(curl|wget)\b", a)
+        for a in c.argv[1:]
+    ):
+        return "runs a downloaded script"
+    if c.name in ("source", ".") and any(
+        "<(" in a and re.search(r"\b(curl|wget)\b", a) for a in c.argv[1:]
+    ):
+        return "sources a downloaded script"
+    return None
+
+
+COMMAND_CHECKS: list[tuple[str, Callable[[SimpleCommand], str | None]]] = [
+    ("destructive file operation", _destructive),
+    ("disk destruction", _disk),
+    ("system control", _system),
+    ("reverse shell", _reverse_shell),
+    ("privilege escalation", _privilege),
+    ("persistence", _persistence),
+    ("eval injection", _eval),
+]
+
+
+def _reads_stdin_script(c: SimpleCommand) -> bool:
+    """An interpreter that runs what it reads on stdin (`sh`, `bash -s`, `python -`)."""
+    if c.name not in INTERPRETERS:
+        return False
+    operands = [a for a in c.argv[1:] if not a.startswith("-")]
+    return not operands or operands == ["-"] or "-s" in c.argv
+
+
+def _pipelines(parsed: ParsedShell) -> Finding | None:
+    for stages in parsed.pipelines:
+        for i, stage in enumerate(stages):
+            upstream = parsed.stage_commands(stage)
+            for later in stages[i + 1 :]:
+                for sink in parsed.stage_commands(later):
+                    for source in upstream:
+                        text = f"{source.text} | {sink.text}"
+                        if source.name in DOWNLOADERS and _reads_stdin_script(sink):
+                            return Finding(
+                                "remote code execution",
+                                text,
+                                "pipes a download into an interpreter",
+                            )
+                        if source.name in DECODERS and _reads_stdin_script(sink):
+                            return Finding(
+                                "eval injection", text, "pipes decoded text into an interpreter"
+                            )
+                        if _sensitive_reader(source) and sink.name in SENDERS:
+                            return Finding(
+                                "data exfiltration",
+                                text,
+                                "sends a credential file over the network",
+                            )
+                        if _reads_stdin_script(source) and sink.name in NETCATS:
+                            return Finding(
+                                "reverse shell", text, "connects a shell's output to the network"
+                            )
+                        if source.name in NETCATS and _reads_stdin_script(sink):
+                            return Finding("reverse shell", text, "feeds network input to a shell")
+    return None
+
+
+def _sensitive_reader(c: SimpleCommand) -> bool:
+    args = [a for a in c.argv[1:] if not a.startswith("-")] + list(c.reads_from)
+    return any(SENSITIVE.search(_home(a)) for a in args)
+
+
+def _home(path: str) -> str:
+    return str(PurePosixPath(path.replace("~", "/home/user", 1))) if path.startswith("~") else path
+
+
+def _exfiltration(c: SimpleCommand) -> str | None:
+    if c.name not in SENDERS:
+        return None
+    skip = False
+    for arg in c.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg.split("=", 1)[0] in CREDENTIAL_USE.get(c.name, ()):
+            skip = "=" not in arg
+            continue
+        remote = re.match(r"^[\w.-]+@[\w.-]+:", arg)  # user@host:path is a destination
+        value = "" if remote else re.split(r"[=@]", arg)[-1]
+        if SENSITIVE.search(_home(value)):
+            return "sends a credential file over the network"
+    if any(SENSITIVE.search(_home(r)) for r in c.reads_from):
+        return "sends a credential file over the network"
+    return None
+
+
+LAST_CHECKS = [
+    *COMMAND_CHECKS,
+    ("data exfiltration", _exfiltration),
+    ("write outside the workspace", _writes_outside),
+]
+
+
+def judge(parsed: ParsedShell) -> Finding | None:
+    """The first dangerous thing the line would do, or None. `parsed` must be ok."""
+    for name, calls in parsed.self_calls.items():
+        if calls >= 2:
+            return Finding(
+                "fork bomb", f"{name}() {{ … }}", "defines a function that multiplies itself"
+            )
+    if finding := _pipelines(parsed):
+        return finding
+    for command in parsed.commands:
+        for category, check in LAST_CHECKS:
+            if why := check(command):
+                return Finding(category, command.text, why)
+    return None
+
+
+def unknown_targets(parsed: ParsedShell) -> str | None:
+    """Why a parsed line must be asked about although nothing in it is known to be
+    dangerous: a command that changes files gets its targets from stdin or a file
+    (`… | xargs rm -rf`), so no one can say what it will touch."""
+    for c in parsed.commands:
+        if c.stdin_args and not c.wrapper and c.name in TARGET_TAKERS:
+            return f"`{c.text}` takes its targets from its input, so they cannot be checked"
+    return None
+
+
+RAW_REVERSE_SHELL = re.compile(r"/dev/(tcp|udp)/")
+
+
+def judge_line(line: str, base: str = ".") -> Finding | None:
+    """`judge` for a raw line run in `base` (the working dir, relative to the workspace).
+    A line that does not parse is left to approval, except for what is dangerous in any
+    syntax (a /dev/tcp socket, e.g. `exec 5<>/dev/tcp/h/80`, which tree-sitter-bash
+    cannot parse)."""
+    parsed = parse_shell(line, base)
+    if parsed.ok:
+        return judge(parsed)
+    if RAW_REVERSE_SHELL.search(line):
+        return Finding("reverse shell", line.strip()[:200], "opens a raw network connection")
+    return None

@@ -1,0 +1,155 @@
+"""Custom tools on the `runtime` queue: one declaration per stored definition.
+
+A declaration validates a call's arguments against the definition's JSON Schema (on the
+orchestrator, and again on the worker); its rendered command is judged as `exec` judges
+a command (shell safety, what must be asked), and runs the way `exec` runs one: confined
+or in the sandbox, output capped. On the worker the definition is read afresh (its
+version decides, not a cache), its env secrets are opened only there, for the one call,
+and their values are scrubbed from what the call returns. Every custom tool shares the
+Celery task `clawq.tool.custom`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+from pydantic import ConfigDict, model_validator
+
+from broker.config.settings import Settings
+from broker.protocol import Group
+from broker.stores.custom_tools import CustomTool, CustomToolError
+from workers.registry import Registry
+from workers.tool import (
+    Permission,
+    SideEffect,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolInput,
+    ToolResult,
+)
+from workers.tools.runtime.exec import Exec, ExecInput
+
+CUSTOM_TASK = "clawq.tool.custom"
+_EXEC = Exec()
+
+
+class CustomInput(ToolInput):
+    """The arguments, checked against the definition's schema by the declaration."""
+
+    model_config = ConfigDict(extra="allow")
+    definition: ClassVar[CustomTool]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError("the arguments must be an object")
+        try:
+            cls.definition.validate_arguments(data)
+        except CustomToolError as exc:
+            raise ValueError(str(exc)) from None
+        return data
+
+
+class CustomToolBase(Tool[CustomInput]):
+    group = Group.runtime
+    input_model = CustomInput
+    side_effect = SideEffect.write
+    default_permission = "ask"
+    cascades_on_error = True  # like exec: a failed command leaves shared state unexpected
+    task = CUSTOM_TASK
+    definition: ClassVar[CustomTool]
+
+    def rendered(self, args: CustomInput) -> ExecInput:
+        return ExecInput(
+            command=self.definition.render(args.model_dump()),
+            working_dir=self.definition.working_dir,
+        )
+
+    def summary(self, args: CustomInput) -> str:
+        return f"{self.name}({self.rendered(args).command[:80]})"
+
+    def concurrency_safe(self, args: CustomInput) -> bool:
+        return _EXEC.concurrency_safe(self.rendered(args))
+
+    def permission_check(self, args: CustomInput, workspace: str) -> tuple[Permission, str] | None:
+        return _EXEC.permission_check(self.rendered(args), workspace)
+
+    def protected_paths(self, args: CustomInput, workspace: str) -> list[str]:
+        return _EXEC.protected_paths(self.rendered(args), workspace)
+
+    def timeout(self, args: CustomInput, settings: Settings) -> float:
+        return float(min(self.definition.timeout_seconds, settings.custom_tool_max_timeout_s))
+
+    def run(self, args: CustomInput, ctx: ToolContext) -> ToolResult:
+        from broker.config.secretbox import SecretBox, SecretError
+        from workers.scrub import Scrubber
+        from workers.tools.runtime.exec import run_shell
+
+        try:
+            env = self.definition.secrets(SecretBox.from_settings(ctx.settings))
+        except SecretError as exc:
+            raise ToolError(
+                f"{self.name} was not run: its env secrets do not open ({exc})"
+            ) from None
+        call = self.rendered(args)
+        timeout = self.timeout(args, ctx.settings)
+        result = run_shell(ctx, call.command, call.working_dir, timeout, env)
+        scrub = Scrubber(env.values())  # the call's own secrets never leave it
+        return result.model_copy(
+            update={"for_llm": scrub(result.for_llm), "for_user": scrub(result.for_user)}
+        )
+
+
+_classes: dict[str, type[CustomToolBase]] = {}
+_lock = threading.Lock()
+
+
+def tool_class(definition: CustomTool) -> type[CustomToolBase]:
+    """The declaration of one definition (made once per distinct definition)."""
+    key = definition.model_dump_json() + definition.env_sealed
+    with _lock:
+        if key not in _classes:
+            schema = {"type": "object", "properties": {}, **definition.parameters}
+            model = type(
+                f"Custom_{definition.name}_Input", (CustomInput,), {"definition": definition}
+            )
+            _classes[key] = type(
+                f"Custom_{definition.name}",
+                (CustomToolBase,),
+                {
+                    "name": definition.name,
+                    "description": definition.description,
+                    "input_model": model,
+                    "input_schema": schema,
+                    "timeout_s": float(definition.timeout_seconds),
+                    "definition": definition,
+                },
+            )
+        return _classes[key]
+
+
+class CustomRegistry(Registry):
+    """The runtime worker's registry: native tools, and custom tools resolved from
+    PostgreSQL by the job's agent and the tool's name when a call arrives."""
+
+    def __init__(self, base: Registry, settings: Settings) -> None:
+        super().__init__()
+        self._tools = dict(base._tools)
+        self._schemas = base._schemas
+        self.settings = settings
+        self._local = threading.local()  # one connection per executing thread
+
+    def resolve(self, name: str, agent_id: str) -> Tool[Any] | None:
+        from broker.pg.store import Store
+        from broker.stores.custom_tools import CustomToolStore
+
+        store = getattr(self._local, "store", None)
+        if store is None:
+            store = self._local.store = Store(self.settings.database_url)
+        for definition in CustomToolStore(store).for_agent(agent_id):
+            if definition.name == name:
+                return tool_class(definition)()
+        return None
