@@ -15,13 +15,13 @@ import redis
 from broker.config.live import TOPIC, ConfigError, LiveConfigStore, diff, validate
 from broker.config.settings import Settings
 from broker.redis import changes
-from orchestrator.cli.output import json_option, table
+from orchestrator.cli.common import json_option, table
 
 
 @contextmanager
 def opened() -> Iterator[tuple[Settings, LiveConfigStore]]:
     from broker.pg.store import Store
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
 
     settings = settings_from_env()
     store = Store(settings.database_url)
@@ -110,3 +110,11 @@ def rollback(to: int | None) -> None:
         version = store.rollback(getpass.getuser(), to)
         _announce(settings)
     click.echo(f"version {version} is in force", err=True)
+
+
+@click.command("secret-key")
+def secret_key() -> None:
+    """Print a new CLAWQ_SECRET_KEY (base64 of 32 random bytes) for sealing secrets."""
+    from broker.config.secretbox import new_key
+
+    click.echo(new_key())

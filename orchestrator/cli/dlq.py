@@ -14,13 +14,13 @@ from broker import keys
 from broker.config.settings import Settings
 from broker.protocol import CallEnvelope
 from broker.stores.dead_letters import DeadLetter, DeadLetters
-from orchestrator.cli.output import json_option, table
+from orchestrator.cli.common import json_option, table
 
 
 @contextmanager
 def opened() -> Iterator[tuple[Settings, DeadLetters]]:
     from broker.pg.store import Store
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
 
     settings = settings_from_env()
     store = Store(settings.database_url)

@@ -10,13 +10,13 @@ from contextlib import contextmanager
 import click
 
 from broker.stores.api_keys import ApiKeyStore
-from orchestrator.cli.output import diagnostics, json_option, table
+from orchestrator.cli.common import diagnostics, json_option, table
 
 
 @contextmanager
 def key_store() -> Iterator[ApiKeyStore]:
     from broker.pg.store import Store
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
 
     store = Store(settings_from_env().database_url)
     try:

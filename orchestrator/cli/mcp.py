@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 import click
 
 from orchestrator.admin.mcp import McpAdmin, McpAdminError
-from orchestrator.cli.output import json_option, table
+from orchestrator.cli.common import json_option, table
 
 
 @contextmanager
 def admin() -> Iterator[McpAdmin]:
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
     from orchestrator.client import Client
 
     with Client(settings_from_env()) as client:

@@ -14,13 +14,13 @@ import click
 from broker.config.settings import Settings
 from broker.stores.context_files import CONTEXT_FILES, ContextFileStore, VersionConflict
 from broker.stores.memory import MemoryStore
-from orchestrator.cli.output import json_option, table
+from orchestrator.cli.common import json_option, table
 
 
 @contextmanager
 def opened() -> Iterator[tuple[Settings, MemoryStore, ContextFileStore]]:
     from broker.pg.store import Store
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
 
     settings = settings_from_env()
     store = Store(settings.database_url)

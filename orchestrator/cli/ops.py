@@ -1,5 +1,5 @@
-"""`clawq health …` and `clawq migrate`: what a supervisor (Kubernetes) runs beside the
-processes.
+"""`clawq health …`, `clawq migrate` and `clawq status`: what a supervisor (Kubernetes)
+runs beside the processes, and what an operator reads.
 
 `clawq health orchestrator|worker --group G [--probe ready|live|all]` exits 0 when healthy
 and 1 when not, with one line on stderr saying why:
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ import click
 
 from broker.config.settings import Settings
 from broker.protocol import AGENTS_QUEUE, Group
+from orchestrator.cli.common import json_option, settings_from_env, table
 
 PROBES = ("ready", "live", "all")
 CONNECT_TIMEOUT_S = 3  # a probe's whole run stays well inside its timeoutSeconds
@@ -180,7 +182,7 @@ def run_probe(settings: Settings, probe: str, kind: str, queue: str) -> str:
 
 
 def _probe(probe: str, kind: str, queue: str) -> None:
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
 
     try:
         healthy = run_probe(settings_from_env(), probe, kind, queue)
@@ -236,7 +238,7 @@ def migrate() -> None:
     import psycopg
 
     from broker.pg.store import Store
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
 
     settings = settings_from_env()
     try:
@@ -252,3 +254,42 @@ def migrate() -> None:
     finally:
         store.close()
     click.echo(f"schema at migration {max(after, default=0)}: {len(after - before)} applied now")
+
+
+@click.command()
+@json_option
+def status(as_json: bool) -> None:
+    """List the live orchestrators and workers, per queue."""
+    import redis
+
+    from broker.redis.presence import live_processes
+
+    settings = settings_from_env()
+    client = redis.Redis.from_url(settings.redis_url)
+    live = live_processes(client)
+    report: dict[str, Any] = {
+        "orchestrators": sorted(
+            (p for p in live if p.get("kind") == "orchestrator"), key=lambda p: p["id"]
+        ),
+        "queues": {},
+    }
+    for proc in sorted((p for p in live if p.get("kind") == "worker"), key=lambda p: p["id"]):
+        report["queues"].setdefault(proc["queue"], []).append(proc)
+    from broker import keys
+
+    found: dict[bytes, bytes] = client.hgetall(keys.CALLS_WAITING)  # type: ignore[assignment]
+    waiting = [json.loads(v) | {"call": k.decode()} for k, v in found.items()]
+    report["waiting"] = waiting
+    rows = [("orchestrator", "agents", p["id"], "", "") for p in report["orchestrators"]]
+    rows += [
+        ("worker", queue, p["id"], p.get("node", ""), p.get("confinement", ""))
+        for queue, procs in report["queues"].items()
+        for p in procs
+    ]
+    rows += [
+        ("waiting call", w["queue"], w["call"], f"{time.time() - w['since']:.0f} s", w["tool"])
+        for w in sorted(waiting, key=lambda w: w["since"])
+    ]
+    table(("kind", "queue", "process", "node", "confinement"), rows, report, as_json)
+    if waiting:
+        click.echo(f"{len(waiting)} calls wait for a worker: start one for their queue", err=True)

@@ -8,12 +8,12 @@ from contextlib import contextmanager
 import click
 
 from orchestrator.admin.custom_tools import CustomAdmin, CustomAdminError
-from orchestrator.cli.output import json_option, table
+from orchestrator.cli.common import json_option, table
 
 
 @contextmanager
 def admin() -> Iterator[CustomAdmin]:
-    from orchestrator.cli.main import settings_from_env
+    from orchestrator.cli.common import settings_from_env
     from orchestrator.client import Client
 
     with Client(settings_from_env()) as client:

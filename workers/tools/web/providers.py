@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import BaseModel
@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from broker.config.settings import Settings
 from workers.egress.client import Egress, Fetched
 from workers.egress.netguard import EgressError
-from workers.tools.web.search import Freshness
 
+Freshness = Literal["day", "week", "month", "year"]
 NAMES = ("brave", "tavily", "searxng", "duckduckgo")
 TRACKING = ("utm_", "fbclid", "gclid", "mc_cid", "mc_eid", "ref_src")
 

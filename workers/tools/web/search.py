@@ -9,14 +9,13 @@ each provider's reason.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
-
-Freshness = Literal["day", "week", "month", "year"]
+from workers.tools.web.providers import Freshness
 
 
 class WebSearchInput(ToolInput):

@@ -1,4 +1,7 @@
-"""What the CLI prints. Data goes to stdout: a table, or JSON with `--json`; diagnostics
+"""What every command shares: its settings (the environment, else a running `clawq up`),
+its logging, and what it prints.
+
+What the CLI prints. Data goes to stdout: a table, or JSON with `--json`; diagnostics
 (progress, events, confirmations of what was done) go to stderr.
 
 A table on a terminal is drawn by rich; into a pipe it is plain columns, padded but never
@@ -8,6 +11,8 @@ cut, so `clawq mcp tools | grep x` sees whole names and `awk` sees whole fields.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -15,6 +20,8 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+
+from broker.config.settings import Settings
 
 diagnostics = Console(stderr=True)
 
@@ -57,4 +64,41 @@ def table(
 def json_option(fn: Any) -> Any:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
         fn
+    )
+
+
+URL_VARS = ("CLAWQ_REDIS_URL", "CLAWQ_DATABASE_URL")
+
+
+def settings_for(urls: dict[str, str]) -> Settings:
+    """Settings on the given service URLs (embedded ones), else from the environment."""
+    if not urls:
+        return settings_from_env()
+    return Settings(redis_url=urls["CLAWQ_REDIS_URL"], database_url=urls["CLAWQ_DATABASE_URL"])
+
+
+def settings_from_env() -> Settings:
+    """Settings for a command talking to a cluster: the environment, else a running
+    embedded stack started by `clawq up`, else the local default services."""
+    from orchestrator.cli.embedded import read_state
+
+    if not any(os.environ.get(v) for v in URL_VARS):
+        state = read_state()
+        if state:
+            return settings_for(state)
+    return Settings()
+
+
+def log_option(fn: Any) -> Any:
+    return click.option(
+        "--log-level",
+        default="info",
+        show_default=True,
+        type=click.Choice(["debug", "info", "warning", "error"]),
+    )(fn)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
