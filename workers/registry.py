@@ -8,13 +8,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from broker.errors import ConfigurationError
 from broker.protocol import Group
 from workers.tool import Tool, ToolInput, ToolResult
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-class DeclarationError(Exception):
+class DeclarationError(ConfigurationError):
     """A tool declaration is wrong; every problem found is listed at once."""
 
 

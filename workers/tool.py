@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from broker.config.settings import Settings
+from broker.errors import RunError
 from broker.protocol import CallContext, Group
 from workers.confine.sandbox import Sandbox
 
@@ -53,7 +54,7 @@ class ToolResult(BaseModel):
         return cls(for_llm=message, for_user=message, is_error=True, metadata=metadata)
 
 
-class ToolError(Exception):
+class ToolError(RunError):
     """Raised inside a tool for a failure the model can act on; becomes an error result."""
 
 

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ValidationError
 
 from broker.config.settings import Settings
+from broker.errors import ConfigurationError
 
 TOPIC = "config"
 LIVE_KEYS = (
@@ -39,7 +40,7 @@ LIVE_KEYS = (
 PEOPLE_ONLY = ("message_channels",)
 
 
-class ConfigError(Exception):
+class ConfigError(ConfigurationError):
     """A configuration that cannot be applied; `field` names what is wrong."""
 
     def __init__(self, field: str, message: str) -> None:

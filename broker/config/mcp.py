@@ -12,13 +12,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from broker.errors import ConfigurationError
+
 Transport = Literal["stdio", "sse", "streamable-http"]
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SERVER_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,40}$")
 TRANSPORT_ALIASES = {"http": "streamable-http", "streamableHttp": "streamable-http"}
 
 
-class McpConfigError(ValueError):
+class McpConfigError(ConfigurationError, ValueError):
     """The MCP configuration is wrong; the message says where."""
 
 

@@ -14,11 +14,12 @@ import binascii
 import os
 
 from broker.config.settings import Settings
+from broker.errors import ConfigurationError
 
 NONCE_BYTES = 12
 
 
-class SecretError(Exception):
+class SecretError(ConfigurationError):
     """A secret cannot be sealed or opened; the message says why (never the secret)."""
 
 

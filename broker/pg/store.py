@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg_pool import AsyncConnectionPool
 
 from broker import fastjson
+from broker.errors import Unavailable
 from broker.pg import features as pg_features
 from broker.pg.transcript_writes import Results, TranscriptWrites, Write
 from broker.protocol import JobResult, JobSpec, ToolCallRecord
@@ -23,7 +24,7 @@ from broker.protocol import JobResult, JobSpec, ToolCallRecord
 MIGRATION_LOCK = 7_415_922_001
 
 
-class StoreNotReady(Exception):
+class StoreNotReady(Unavailable):
     """The database has no clawq schema yet: the migrations have not run."""
 
 

@@ -19,6 +19,7 @@ import psycopg
 from pydantic import BaseModel
 
 from broker.config.settings import Settings
+from broker.errors import Gone, RunError
 
 COLUMNS = (
     "id, hash, mime, size, width, height, duration_s, name, user_id, session_id, job_id,"
@@ -26,7 +27,11 @@ COLUMNS = (
 )
 
 
-class ArtifactError(Exception):
+class ArtifactGone(Gone):
+    """An artifact whose bytes are no more (a file removed under it)."""
+
+
+class ArtifactError(RunError):
     """The bytes of an artifact are missing or cannot be stored."""
 
 
@@ -140,7 +145,7 @@ class ArtifactStore:
         try:
             return self._path(artifact.hash).read_bytes()
         except OSError as exc:
-            raise ArtifactError(f"the bytes of {artifact.id} are missing: {exc}") from None
+            raise ArtifactGone(f"the bytes of {artifact.id} are missing: {exc}") from None
 
     def purge(self) -> int:
         """Remove expired artifacts, and blobs no artifact uses any more."""

@@ -11,6 +11,8 @@ from typing import Any, Literal
 import psycopg
 from pydantic import BaseModel
 
+from broker.errors import Conflict
+
 CONTEXT_FILES = (
     "AGENTS.md",
     "SOUL.md",
@@ -31,11 +33,11 @@ NAMES_SQL = (
 )
 
 
-class VersionConflict(Exception):
+class VersionConflict(Conflict):
     """The document changed since the writer read it."""
 
     def __init__(self, name: str, current: int) -> None:
-        super().__init__(name, current)
+        super().__init__(f"{name} changed since it was read: it is at version {current}")
         self.name = name
         self.current = current
 

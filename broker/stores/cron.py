@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, Field, field_validator
 
 from broker.config.policy import PermissionMode
+from broker.errors import Invalid
 from broker.pg.store import INSERT_JOB, INSERT_SESSION, _job_params
 from broker.protocol import FINAL_STATUSES, JobSpec
 from broker.stores.cron_schedule import Schedule, missed, next_after
@@ -28,7 +29,7 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 RESEND_AFTER_S = 30
 
 
-class CronError(Exception):
+class CronError(Invalid):
     """A request about scheduled jobs that cannot be done; the message says why."""
 
 

@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from broker.config.secretbox import SecretBox
+from broker.errors import Invalid
 from broker.pg.store import Store
 
 TOPIC = "custom_tools"
@@ -35,7 +36,7 @@ COLUMNS = (
 )
 
 
-class CustomToolError(ValueError):
+class CustomToolError(Invalid, ValueError):
     """A definition that cannot be stored, or a call that cannot be rendered."""
 
 

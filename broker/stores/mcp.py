@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from broker.config.mcp import Grant, McpServer, exposed_names, granted
+from broker.errors import Conflict, Invalid
 from broker.pg.store import Store
 from broker.redis.batching import SharedReads
 
@@ -41,10 +42,6 @@ class AccessRequest(BaseModel):
     status: str
     requested_by: str
     reviewed_by: str
-
-
-class McpStoreError(Exception):
-    """A request the store cannot honour (unknown server, request already reviewed)."""
 
 
 SELECT_GRANTS = (
@@ -158,7 +155,7 @@ class McpStore:
         by: str = "",
     ) -> None:
         if self.server(server) is None:
-            raise McpStoreError(f"no MCP server '{server}'")
+            raise Invalid(f"no MCP server '{server}'")
         self.conn.execute(
             UPSERT_GRANT, (server, scope, subject, Jsonb(allow or []), Jsonb(deny or []), by)
         )
@@ -187,7 +184,7 @@ class McpStore:
         self, server: str, scope: str, subject: str, allow: list[str], reason: str, by: str
     ) -> str:
         if self.server(server) is None:
-            raise McpStoreError(f"no MCP server '{server}'")
+            raise Invalid(f"no MCP server '{server}'")
         request_id = uuid.uuid4().hex[:12]
         self.conn.execute(
             "INSERT INTO mcp_access_requests"
@@ -215,7 +212,7 @@ class McpStore:
                 ("approved" if approve else "rejected", by, request_id),
             ).fetchone()
             if row is None:
-                raise McpStoreError(f"no pending access request '{request_id}'")
+                raise Conflict(f"no pending access request '{request_id}'")
             request = AccessRequest.model_validate(row)
             if approve:
                 self.conn.execute(

@@ -9,7 +9,6 @@ worker sees.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,38 +17,26 @@ from pydantic import ValidationError
 
 from broker.config.secretbox import SecretBox, SecretError
 from broker.config.settings import Settings
+from broker.errors import Invalid, NotFound
 from broker.pg.store import Store
 from broker.stores.custom_tools import CustomTool, CustomToolSpec, CustomToolStore
 from broker.stores.mcp import McpStore
-
-
-class CustomAdminError(Exception):
-    """Bad input for a custom-tool operation; the message says what to change."""
+from orchestrator.admin.definitions import read_definition
 
 
 def spec_from(config: dict[str, Any] | str | Path) -> CustomToolSpec:
     """A definition from a dict, a JSON string or a file; every problem named at once."""
-    if isinstance(config, Path) or (
-        isinstance(config, str) and not config.lstrip().startswith("{")
-    ):
-        try:
-            config = Path(config).read_text()
-        except OSError as exc:
-            raise CustomAdminError(f"cannot read {config}: {exc.strerror}") from None
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except json.JSONDecodeError as exc:
-            raise CustomAdminError(f"not JSON: {exc}") from None
+    config = read_definition(config)
     try:
         return CustomToolSpec.model_validate(config)
     except ValidationError as exc:
-        problems = []
+        problems, fields = [], []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"])
             message = err["msg"].removeprefix("Value error, ")
             problems.append(f"{where}: {message}" if where else message)
-        raise CustomAdminError("; ".join(problems)) from None
+            fields.append(where)
+        raise Invalid("; ".join(problems), field=fields[0] or None) from None
 
 
 class CustomAdmin:
@@ -66,20 +53,21 @@ class CustomAdmin:
         from workers.registry import default_registry
 
         if spec.name in default_registry():
-            raise CustomAdminError(f"name: {spec.name} is a native tool's name")
+            raise Invalid(f"name: {spec.name} is a native tool's name", field="name")
         if spec.name.startswith("mcp_") or spec.name in {
             t.exposed_name for t in McpStore(self.store).catalog()
         }:
-            raise CustomAdminError(f"name: {spec.name} is an MCP tool's name (mcp_ is theirs)")
+            raise Invalid(f"name: {spec.name} is an MCP tool's name (mcp_ is theirs)", field="name")
         if spec.timeout_seconds > self.settings.custom_tool_max_timeout_s:
-            raise CustomAdminError(
+            raise Invalid(
                 f"timeout_seconds: at most {self.settings.custom_tool_max_timeout_s} "
-                "(CLAWQ_CUSTOM_TOOL_MAX_TIMEOUT_S)"
+                "(CLAWQ_CUSTOM_TOOL_MAX_TIMEOUT_S)",
+                field="timeout_seconds",
             )
         try:
             stored = self.tools.put(spec, SecretBox.from_settings(self.settings))
         except SecretError as exc:
-            raise CustomAdminError(f"env: {exc}") from None
+            raise Invalid(f"env: {exc}", field="env") from None
         self.notify()
         return stored
 
@@ -90,15 +78,15 @@ class CustomAdmin:
         found = self.tools.get(name, agent_id)
         if found is None:
             of = f" of agent {agent_id}" if agent_id else ""
-            raise CustomAdminError(f"no custom tool '{name}'{of}")
+            raise NotFound(f"no custom tool '{name}'{of}")
         return found
 
     def enable(self, name: str, agent_id: str = "", enabled: bool = True) -> None:
         if not self.tools.set_enabled(name, agent_id, enabled):
-            raise CustomAdminError(f"no custom tool '{name}'")
+            raise NotFound(f"no custom tool '{name}'")
         self.notify()
 
     def remove(self, name: str, agent_id: str = "") -> None:
         if not self.tools.remove(name, agent_id):
-            raise CustomAdminError(f"no custom tool '{name}'")
+            raise NotFound(f"no custom tool '{name}'")
         self.notify()

@@ -3,23 +3,20 @@ access requests. `client.mcp` is one of these."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from broker.config.mcp import Grant, McpConfigError, McpServer, parse_servers
+from broker.errors import Invalid, NotFound
 from broker.pg.store import Store
-from broker.stores.mcp import AccessRequest, McpStore, McpStoreError, McpToolRow
-
-
-class McpAdminError(Exception):
-    """Bad input for an MCP operation; the message says what to change."""
+from broker.stores.mcp import AccessRequest, McpStore, McpToolRow
+from orchestrator.admin.definitions import read_definition
 
 
 def _scope(agent: str | None, user: str | None) -> tuple[str, str]:
     if bool(agent) == bool(user):
-        raise McpAdminError("give exactly one of agent or user")
+        raise Invalid("give exactly one of agent or user", field="agent")
     return ("agent", agent) if agent else ("user", user)  # type: ignore[return-value]
 
 
@@ -32,22 +29,10 @@ class McpAdmin:
 
     def add(self, config: dict[str, Any] | str | Path) -> list[str]:
         """Add or replace servers from `mcpServers` JSON (a dict, a JSON string or a file)."""
-        if isinstance(config, Path) or (
-            isinstance(config, str) and not config.lstrip().startswith("{")
-        ):
-            try:
-                config = Path(config).read_text()
-            except OSError as exc:
-                raise McpAdminError(f"cannot read {config}: {exc.strerror}") from None
-        if isinstance(config, str):
-            try:
-                config = json.loads(config)
-            except json.JSONDecodeError as exc:
-                raise McpAdminError(f"not JSON: {exc}") from None
         try:
-            servers = parse_servers(config)
+            servers = parse_servers(read_definition(config))
         except McpConfigError as exc:
-            raise McpAdminError(str(exc)) from None
+            raise Invalid(str(exc)) from None
         for server in servers:
             self.store.add_server(server)
         self.notify()
@@ -58,7 +43,7 @@ class McpAdmin:
 
     def remove(self, name: str) -> None:
         if not self.store.remove_server(name):
-            raise McpAdminError(f"no MCP server '{name}'")
+            raise NotFound(f"no MCP server '{name}'")
         self.notify()
 
     def tools(self) -> list[McpToolRow]:
@@ -75,15 +60,12 @@ class McpAdmin:
         by: str = "",
     ) -> None:
         scope, subject = _scope(agent, user)
-        try:
-            self.store.grant(server, scope, subject, allow, deny, by)
-        except McpStoreError as exc:
-            raise McpAdminError(str(exc)) from None
+        self.store.grant(server, scope, subject, allow, deny, by)
 
     def revoke(self, server: str, *, agent: str | None = None, user: str | None = None) -> None:
         scope, subject = _scope(agent, user)
         if not self.store.revoke(server, scope, subject):
-            raise McpAdminError(f"no grant of '{server}' to {scope} '{subject}'")
+            raise NotFound(f"no grant of '{server}' to {scope} '{subject}'")
 
     def grants(self) -> list[Grant]:
         return self.store.all_grants()
@@ -99,16 +81,10 @@ class McpAdmin:
         by: str = "",
     ) -> str:
         scope, subject = _scope(agent, user)
-        try:
-            return self.store.request_access(server, scope, subject, allow or [], reason, by)
-        except McpStoreError as exc:
-            raise McpAdminError(str(exc)) from None
+        return self.store.request_access(server, scope, subject, allow or [], reason, by)
 
     def requests(self, status: str | None = "pending") -> list[AccessRequest]:
         return self.store.requests(status)
 
     def review(self, request_id: str, approve: bool, by: str = "") -> AccessRequest:
-        try:
-            return self.store.review(request_id, approve, by)
-        except McpStoreError as exc:
-            raise McpAdminError(str(exc)) from None
+        return self.store.review(request_id, approve, by)

@@ -26,6 +26,7 @@ from celery import Celery
 from broker import keys
 from broker.celery.publisher import AsyncPublisher
 from broker.config.settings import Settings
+from broker.errors import Signal
 from broker.protocol import CallEnvelope, CallOutcome, Event
 from broker.redis import events
 from broker.redis.connections import retry_pause
@@ -49,7 +50,7 @@ def cancelled_outcome(job_id: str, turn: int, call_id: str, reason: str) -> Call
     )
 
 
-class NotAdmitted(Exception):
+class NotAdmitted(Signal):
     """The session's rate limit refused the call as it was sent: no worker will see it."""
 
     def __init__(self, used: int) -> None:

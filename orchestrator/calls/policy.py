@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from broker.config.policy import ToolPolicy
+from broker.errors import ConfigurationError
 from broker.protocol import Group
 from workers.registry import Registry
 
@@ -67,7 +68,7 @@ SUBAGENT_LEAF_DENIED = (
 )
 
 
-class PolicyError(Exception):
+class PolicyError(ConfigurationError):
     """The tool policy is misconfigured (unknown profile or group); nothing is assumed."""
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.config.policy import PermissionRules
+from broker.errors import Invalid
 from workers.tool import RuleKind, Tool, ToolInput
 
 ALIASES = {
@@ -29,7 +30,7 @@ ALIASES = {
 RULE = re.compile(r"^(?P<tool>[A-Za-z0-9_:-]+)(?:\((?P<spec>.*)\))?$", re.S)
 
 
-class RuleError(ValueError):
+class RuleError(Invalid, ValueError):
     """A permission rule that does not parse."""
 
 

@@ -15,19 +15,19 @@ import os
 
 from broker.config.policy import Ceiling
 from broker.config.settings import Settings
+from broker.errors import Forbidden
 from broker.protocol import JobSpec
 from broker.stores.api_keys import USER_ID
 from orchestrator.calls.permissions import NETWORK_RULE
 from orchestrator.calls.rules import Rule, RuleError
 
 
-class TenancyError(ValueError):
+class TenancyError(Forbidden, ValueError):
     """A job that asks for more than its user may: `rule` names the bound it breaks."""
 
     def __init__(self, rule: str, message: str) -> None:
-        super().__init__(f"{message} ({rule})")
+        super().__init__(f"{message} ({rule})", field=rule)
         self.rule = rule
-        self.message = message
 
 
 def valid_user(user: str) -> str:

@@ -14,14 +14,19 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from broker.config.settings import Settings
+from broker.errors import RequestError
+
+if TYPE_CHECKING:
+    from orchestrator.client import LocalClient
 
 diagnostics = Console(stderr=True)
 
@@ -102,3 +107,21 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+
+
+@contextmanager
+def refused_as_usage() -> Iterator[None]:
+    """A refused request is one line on stderr that says what to change, never a traceback."""
+    try:
+        yield
+    except RequestError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@contextmanager
+def cluster() -> Iterator[LocalClient]:
+    """The client of the cluster this command talks to (see `settings_from_env`)."""
+    from orchestrator.client import LocalClient
+
+    with LocalClient(settings_from_env()) as client, refused_as_usage():
+        yield client

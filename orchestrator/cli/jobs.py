@@ -13,8 +13,8 @@ import click
 from rich.markup import escape
 
 from broker.protocol import Event, JobResult
+from orchestrator.cli.common import cluster, refused_as_usage
 from orchestrator.cli.common import diagnostics as console
-from orchestrator.cli.common import settings_from_env
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
@@ -34,7 +34,7 @@ ANSWER_KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
 
 def ask_inline(job: Any, event: Event) -> None:
     """Ask the person at the terminal, as Claude Code does, and send the answer."""
-    from orchestrator.client import ClientError
+    from broker.errors import RequestError
 
     d = event.data
     console.print(f"  [dim]input:[/] {escape(json.dumps(d['input'])[:400])}")
@@ -46,7 +46,7 @@ def ask_inline(job: Any, event: Event) -> None:
     )
     try:
         job.approve(d["request_id"], ANSWER_KEYS[choice])
-    except ClientError as exc:  # e.g. it timed out while the person thought
+    except RequestError as exc:  # e.g. it timed out while the person thought
         console.print(f"[red]{escape(str(exc))}[/]")
 
 
@@ -119,11 +119,9 @@ def run(
     as_json: bool,
 ) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
-    from orchestrator.client import Client, ClientError
-
     script = json.loads(Path(script_file).read_text()) if script_file else None
-    with Client(settings_from_env()) as client:
-        try:
+    with cluster() as client:
+        with refused_as_usage():
             job = client.submit(
                 prompt,
                 model=model,
@@ -135,8 +133,6 @@ def run(
                 permission_mode=permission_mode,
                 max_iterations=max_iterations,
             )
-        except ClientError as exc:
-            raise click.UsageError(str(exc)) from None
         if not as_json:
             interactive = sys.stdin.isatty()  # a person is there: ask inline
             console.print(f"job {job.id}")
@@ -163,13 +159,8 @@ def run(
 @click.option("--by", default="", help="Who answers (default: this user).")
 def approve(job_id: str, request_id: str, decision: str, by: str) -> None:
     """Answer a job's approval request (see its approval_requested event)."""
-    from orchestrator.client import Client, ClientError
-
-    with Client(settings_from_env()) as client:
-        try:
-            client.job(job_id).approve(request_id, decision, by=by)
-        except ClientError as exc:
-            raise click.UsageError(str(exc)) from None
+    with cluster() as client:
+        client.job(job_id).approve(request_id, decision, by=by)
     console.print(f"{decision} sent for {request_id}")
 
 
@@ -178,13 +169,8 @@ def approve(job_id: str, request_id: str, decision: str, by: str) -> None:
 @click.argument("message")
 def steer(job_id: str, message: str) -> None:
     """Redirect a running job: stop its current work and go on with MESSAGE."""
-    from orchestrator.client import Client, ClientError
-
-    with Client(settings_from_env()) as client:
-        try:
-            client.job(job_id).steer(message)
-        except ClientError as exc:
-            raise click.UsageError(str(exc)) from None
+    with cluster() as client:
+        client.job(job_id).steer(message)
     console.print(f"steered {job_id}")
 
 
@@ -192,8 +178,6 @@ def steer(job_id: str, message: str) -> None:
 @click.argument("job_id")
 def cancel(job_id: str) -> None:
     """Cancel a job: no further model turns; it ends `cancelled`."""
-    from orchestrator.client import Client
-
-    with Client(settings_from_env()) as client:
+    with cluster() as client:
         client.job(job_id).cancel()
     console.print(f"cancel requested for {job_id}")

@@ -87,7 +87,7 @@ def demo(workers_per_group: int) -> None:
     """Run a bundled scripted job across real worker processes, then shut everything down."""
     from orchestrator.cli.embedded import EmbeddedServices
     from orchestrator.cli.stack import Stack
-    from orchestrator.client import Client
+    from orchestrator.client import LocalClient
 
     services = None
     env: dict[str, str] = {}
@@ -105,7 +105,7 @@ def demo(workers_per_group: int) -> None:
         console.print("[green]stack up[/]: orchestrator + workers for " + ", ".join(stack.groups))
         with (
             tempfile.TemporaryDirectory(prefix="clawq-demo-") as workspace,
-            Client(settings) as client,
+            LocalClient(settings) as client,
         ):
             job = client.submit(
                 "tidy the notes",

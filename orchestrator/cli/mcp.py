@@ -9,20 +9,14 @@ from typing import Any, TypeVar
 
 import click
 
-from orchestrator.admin.mcp import McpAdmin, McpAdminError
-from orchestrator.cli.common import json_option, table
+from orchestrator.admin.mcp import McpAdmin
+from orchestrator.cli.common import cluster, json_option, table
 
 
 @contextmanager
 def admin() -> Iterator[McpAdmin]:
-    from orchestrator.cli.common import settings_from_env
-    from orchestrator.client import Client
-
-    with Client(settings_from_env()) as client:
-        try:
-            yield client.mcp
-        except McpAdminError as exc:
-            raise click.UsageError(str(exc)) from None
+    with cluster() as client:
+        yield client.mcp
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import click
 
 from broker.config.settings import Settings
+from broker.errors import Signal
 from broker.protocol import AGENTS_QUEUE, Group
 from orchestrator.cli.common import json_option, settings_from_env, table
 
@@ -36,7 +37,7 @@ CONNECT_TIMEOUT_S = 3  # a probe's whole run stays well inside its timeoutSecond
 MGET_CHUNK = 1000
 
 
-class Unhealthy(Exception):
+class Unhealthy(Signal):
     """One line saying why a probe fails."""
 
 

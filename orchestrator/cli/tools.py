@@ -7,20 +7,14 @@ from contextlib import contextmanager
 
 import click
 
-from orchestrator.admin.custom_tools import CustomAdmin, CustomAdminError
-from orchestrator.cli.common import json_option, table
+from orchestrator.admin.custom_tools import CustomAdmin
+from orchestrator.cli.common import cluster, json_option, table
 
 
 @contextmanager
 def admin() -> Iterator[CustomAdmin]:
-    from orchestrator.cli.common import settings_from_env
-    from orchestrator.client import Client
-
-    with Client(settings_from_env()) as client:
-        try:
-            yield client.custom_tools
-        except CustomAdminError as exc:
-            raise click.UsageError(str(exc)) from None
+    with cluster() as client:
+        yield client.custom_tools
 
 
 agent_option = click.option("--agent", default="", help="The agent's own tool (default: global).")

@@ -1,38 +1,35 @@
 """What both clients are: the direct one (`local`, Redis and PostgreSQL) and the remote one
 (`remote`, the HTTP API) offer the same handles, so code written against one runs on the
-other."""
+other. `Client(...)` chooses: with `api_url` the remote one, else the direct one (each kind
+registers itself as it is defined, so this module imports neither)."""
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from broker.config.settings import Settings
+from broker.errors import Conflict, Invalid
 from broker.protocol import Event, JobResult, Subagent
 
 
-class ClientError(Exception):
+class ClientError(Invalid):
     """Bad input to the client, or an answer of the API's refusing it; nothing was done."""
 
 
-def read_definition(config: dict[str, Any] | str | Path) -> dict[str, Any]:
-    """A definition given as a dict, a JSON text or the path of a JSON file."""
-    if isinstance(config, Path) or (
-        isinstance(config, str) and not config.lstrip().startswith("{")
-    ):
-        config = Path(config).read_text()
-    found = json.loads(config) if isinstance(config, str) else config
-    if not isinstance(found, dict):
-        raise ClientError("a definition is a JSON object")
-    return found
+class NotNow(Conflict, ClientError):
+    """The job is not in a state that allows it (it ended; the request was answered)."""
 
 
-class BaseJob(ABC):
-    """A handle on one submitted job."""
+class Job(ABC):
+    """A handle on one submitted job. `Job(client, job_id)` is the handle of that client's
+    kind (as `client.job(job_id)`)."""
 
-    def __init__(self, job_id: str) -> None:
+    def __new__(cls, client: Client, job_id: str) -> Job:
+        return super().__new__(client.job_kind if cls is Job else cls)
+
+    def __init__(self, client: Client, job_id: str) -> None:
         self.id = job_id
 
     def __repr__(self) -> str:
@@ -66,14 +63,33 @@ class BaseJob(ABC):
         """Ask for the job to stop: no further turns; the job ends `cancelled`."""
 
 
-class BaseClient(ABC):
-    @abstractmethod
-    def job(self, job_id: str) -> BaseJob: ...
+class Client(ABC):
+    kinds: ClassVar[dict[str, type[Client]]] = {}
+    job_kind: ClassVar[type[Job]]
+
+    def __init_subclass__(cls, kind: str = "", **rest: Any) -> None:
+        super().__init_subclass__(**rest)
+        if kind:
+            Client.kinds[kind] = cls
+
+    def __new__(
+        cls,
+        settings: Settings | None = None,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> Client:
+        if cls is Client:
+            cls = Client.kinds["remote" if api_url is not None else "local"]
+        return super().__new__(cls)
+
+    def job(self, job_id: str) -> Job:
+        return self.job_kind(self, job_id)
 
     @abstractmethod
     def close(self) -> None: ...
 
-    def __enter__(self) -> BaseClient:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:

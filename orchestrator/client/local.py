@@ -46,16 +46,18 @@ from orchestrator.admin.mcp import McpAdmin
 from orchestrator.calls.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
 from orchestrator.calls.rules import RuleError, rules_from
 from orchestrator.calls.tenancy import check, workspace_for
-from orchestrator.client.base import BaseClient, BaseJob, ClientError
+from orchestrator.client.base import Client, ClientError, Job, NotNow
 from orchestrator.providers.base import ModelError
 from orchestrator.providers.scripted import parse_script
 
 
-class Job(BaseJob):
+class LocalJob(Job):
     """A handle on one submitted job, read from Redis and PostgreSQL."""
 
     def __init__(self, client: Client, job_id: str) -> None:
-        super().__init__(job_id)
+        if not isinstance(client, LocalClient):
+            raise TypeError(f"a local job needs a LocalClient, not {type(client).__name__}")
+        super().__init__(client, job_id)
         self.client = client
 
     def events(self, after: str | None = None) -> Iterator[Event]:
@@ -107,9 +109,9 @@ class Job(BaseJob):
             raise ClientError(f"decision must be one of {', '.join(ANSWERS)}, not '{decision}'")
         request = self.client.store.approval(request_id)
         if request is None or request["job_id"] != self.id:
-            raise ClientError(f"job {self.id} has no approval request {request_id}")
+            raise NotNow(f"job {self.id} has no approval request {request_id}")
         if request["status"] != "pending":
-            raise ClientError(f"approval request {request_id} is already {request['status']}")
+            raise NotNow(f"approval request {request_id} is already {request['status']}")
         answer = ApprovalAnswer(
             request_id=request_id,
             decision=decision,
@@ -126,7 +128,7 @@ class Job(BaseJob):
         if not message.strip():
             raise ClientError("steer message is empty")
         if self.client.store.job_status(self.id) in FINAL_STATUSES:
-            raise ClientError(f"job {self.id} has ended; submit a new one instead")
+            raise NotNow(f"job {self.id} has ended; submit a new one instead")
         key = keys.steer(self.id)
         pipe = self.client.redis.pipeline()
         pipe.rpush(key, message)
@@ -151,23 +153,11 @@ class Job(BaseJob):
         )
 
 
-class Client(BaseClient):
-    """Direct (Redis and PostgreSQL, for the cluster's own processes and tests), or with
-    `api_url` and `api_key` over the HTTP API (`orchestrator.client.remote`), same methods:
-    the constructor chooses."""
+class LocalClient(Client, kind="local"):
+    """The direct client: Redis and PostgreSQL (the cluster's own processes, operators and
+    tests). Made by `Client(settings)`."""
 
-    def __new__(
-        cls,
-        settings: Settings | None = None,
-        *,
-        api_url: str | None = None,
-        api_key: str | None = None,
-    ) -> Any:
-        if api_url is not None:
-            from orchestrator.client.remote import RemoteClient
-
-            return RemoteClient(api_url=api_url, api_key=api_key)
-        return super().__new__(cls)
+    job_kind = LocalJob
 
     def __init__(
         self,
@@ -187,7 +177,7 @@ class Client(BaseClient):
         self.store.close()
         self.redis.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> LocalClient:
         return self
 
     def submit(
@@ -210,7 +200,7 @@ class Client(BaseClient):
         chat_id: str = "",
         budget: dict[str, Any] | None = None,
         admin: bool = True,
-    ) -> Job:
+    ) -> LocalJob:
         """Store the job and queue its agent run; returns at once.
 
         `allow`, `ask` and `deny` are the job's permission rules (`exec`,
@@ -272,7 +262,7 @@ class Client(BaseClient):
         self.app.send_task(
             AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
         )
-        return Job(self, job_id)
+        return LocalJob(self, job_id)
 
     def live_settings(self) -> Settings:
         """The settings in force: the environment's with the applied live configuration
@@ -295,5 +285,5 @@ class Client(BaseClient):
             self.store, self.settings, lambda: changes.announce(self.redis, CUSTOM_TOPIC)
         )
 
-    def job(self, job_id: str) -> Job:
-        return Job(self, job_id)
+    def job(self, job_id: str) -> LocalJob:
+        return LocalJob(self, job_id)

@@ -21,7 +21,8 @@ from broker.config.mcp import Grant
 from broker.protocol import FINAL_STATUSES, Event, JobResult, Subagent
 from broker.stores.custom_tools import CustomTool
 from broker.stores.mcp import AccessRequest, McpToolRow
-from orchestrator.client.base import BaseClient, BaseJob, ClientError, read_definition
+from orchestrator.admin.definitions import read_definition
+from orchestrator.client.base import Client, ClientError, Job
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -34,9 +35,11 @@ def _check(response: httpx.Response) -> httpx.Response:
     raise ClientError(f"{message} (HTTP {response.status_code})")
 
 
-class RemoteJob(BaseJob):
-    def __init__(self, client: RemoteClient, job_id: str) -> None:
-        super().__init__(job_id)
+class RemoteJob(Job):
+    def __init__(self, client: Client, job_id: str) -> None:
+        if not isinstance(client, RemoteClient):
+            raise TypeError(f"a remote job needs a RemoteClient, not {type(client).__name__}")
+        super().__init__(client, job_id)
         self.client = client
 
     def events(self, after: str | None = None) -> Iterator[Event]:
@@ -194,10 +197,14 @@ class RemoteCustomTools:
         _check(self.http.delete(f"/v1/custom-tools/{name}", params={"agent": agent_id}))
 
 
-class RemoteClient(BaseClient):
+class RemoteClient(Client, kind="remote"):
     """A `Client` whose every call is an HTTP request to the API."""
 
-    def __init__(self, *, api_url: str | None = None, api_key: str | None = None) -> None:
+    job_kind = RemoteJob
+
+    def __init__(
+        self, settings: object = None, *, api_url: str | None = None, api_key: str | None = None
+    ) -> None:
         if not api_url or not api_key:
             raise ClientError("the HTTP client needs api_url and api_key")
         self.api_url = api_url.rstrip("/")

@@ -21,6 +21,7 @@ from celery import Celery, signature
 from broker import keys
 from broker.config.policy import PermissionRules
 from broker.config.settings import Settings
+from broker.errors import Signal
 from broker.obs import tracing
 from broker.obs.metrics import metrics
 from broker.pg.store import AsyncStore
@@ -83,7 +84,7 @@ class Services:
     budget: Budget | None = None  # made on the first charge (its script's hash, once)
 
 
-class JobCancelled(Exception):
+class JobCancelled(Signal):
     pass
 
 

@@ -31,6 +31,7 @@ from functools import lru_cache
 from typing import Literal
 
 from broker.config.settings import Settings
+from broker.errors import RunError
 
 log = logging.getLogger("clawq.confine")
 
@@ -50,7 +51,7 @@ PROBE_TIMEOUT_S = 10.0
 TIED = 'exec 3<&0; { read -r _ <&3; kill -KILL -1; } & exec 3<&- </dev/null; exec "$0" -c "$1"'
 
 
-class ConfinementError(Exception):
+class ConfinementError(RunError):
     """Confinement is required but cannot be had here; the command is not run."""
 
 

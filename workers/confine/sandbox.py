@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.config.settings import Settings
+from broker.errors import RunError
 
 WORKDIR = "/workspace"
 STDERR = 2
@@ -28,7 +29,7 @@ LABEL = "clawq.sandbox"
 WRAPPER = 'echo $$ > "$0"; exec sh -c "$1"'
 
 
-class SandboxError(Exception):
+class SandboxError(RunError):
     """The sandbox could not run the command; the call fails (no fallback to the host)."""
 
 

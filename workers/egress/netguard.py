@@ -21,6 +21,7 @@ from typing import Literal
 import httpx
 
 from broker.config.settings import Settings
+from broker.errors import RunError
 
 ErrorCode = Literal[
     "url_not_allowed",
@@ -78,7 +79,7 @@ _CANONICAL_V4 = re.compile(
 )
 
 
-class EgressError(Exception):
+class EgressError(RunError):
     """A refused or failed outbound request; `code` is the one the model is told."""
 
     def __init__(self, code: ErrorCode, reason: str) -> None:

@@ -26,6 +26,7 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from broker.config.mcp import McpServer
 from broker.config.settings import Settings
+from broker.errors import RunError
 from broker.pg.store import StoreNotReady
 from broker.redis import changes
 from broker.redis.changes import Listener
@@ -37,7 +38,7 @@ LEGACY_PING_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 State = Literal["idle", "connecting", "connected", "failed"]
 
 
-class McpError(Exception):
+class McpError(RunError):
     """A call could not be made or failed at the protocol level; the message is for the
     model: short, and says what to do."""
 

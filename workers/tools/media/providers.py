@@ -8,18 +8,19 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from broker.errors import RunError
 from workers.tool import ToolContext
 
 if TYPE_CHECKING:
     from workers.egress.client import Fetched
 
 
-class ProviderError(Exception):
+class ProviderError(RunError):
     """This provider could not do it (not configured, HTTP error, tool missing): the next
     one is tried, and the reason is kept for the final error."""
 
 
-class Refused(Exception):
+class Refused(RunError):
     """The provider refused the content itself; another would be asked the same thing, so
     this is said to the model and no other provider is tried."""
 

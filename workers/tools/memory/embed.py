@@ -14,9 +14,10 @@ import httpx
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from broker.config.settings import Settings
+from broker.errors import RunError
 
 
-class EmbedderError(Exception):
+class EmbedderError(RunError):
     """The provider is misconfigured or failed; indexing records it, search goes on
     with full text."""
 

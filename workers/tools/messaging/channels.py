@@ -20,6 +20,7 @@ from email.utils import make_msgid
 from typing import Any
 
 from broker.config.settings import MessageChannel, Settings
+from broker.errors import RunError
 from workers.egress.client import egress_for
 from workers.egress.netguard import EgressError
 
@@ -48,7 +49,7 @@ class Outgoing:
     attachments: list[Attachment] = field(default_factory=list)
 
 
-class ChannelError(Exception):
+class ChannelError(RunError):
     """The provider did not take the message. `sent_maybe`: the request may have reached
     it (a read timeout, a dropped connection), so it must not be sent again."""
 

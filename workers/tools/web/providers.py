@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from pydantic import BaseModel
 
 from broker.config.settings import Settings
+from broker.errors import ConfigurationError, RunError
 from workers.egress.client import Egress, Fetched
 from workers.egress.netguard import EgressError
 
@@ -25,11 +26,11 @@ NAMES = ("brave", "tavily", "searxng", "duckduckgo")
 TRACKING = ("utm_", "fbclid", "gclid", "mc_cid", "mc_eid", "ref_src")
 
 
-class SearchConfigError(ValueError):
+class SearchConfigError(ConfigurationError, ValueError):
     """A provider is asked for but not configured: found at worker start, not at a call."""
 
 
-class ProviderError(Exception):
+class ProviderError(RunError):
     """One provider could not answer; the next is tried."""
 
 
