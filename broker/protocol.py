@@ -9,7 +9,27 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from broker.config.policy import PermissionMode
-from broker.redis.budget import Limits, Usage
+
+
+class Limits(BaseModel):
+    """A tree's budget; 0 means no limit on that measure."""
+
+    turns: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class Usage(BaseModel):
+    turns: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    over: str = ""  # the measure that went over its limit, or ''
+
+    def describe(self, limits: Limits) -> str:
+        parts = [f"{self.turns} model turns", f"{self.tokens} tokens"]
+        if limits.cost_usd or self.cost_usd:
+            parts.append(f"${self.cost_usd:.4f}")
+        return ", ".join(parts)
 
 
 class Group(StrEnum):

@@ -15,11 +15,14 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+import redis
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ValidationError
 
 from broker.config.settings import Settings
 from broker.errors import ConfigurationError
+from broker.pg.store import Store
+from broker.redis import changes
 
 TOPIC = "config"
 LIVE_KEYS = (
@@ -169,11 +172,6 @@ class LiveConfigStore:
 def reject(settings: Settings, version: int, why: str) -> None:
     """Mark `version` bad because a process failed its health check with it, and tell
     every process: the highest applied version, the last good one, is in force again."""
-    import redis
-
-    from broker.pg.store import Store
-    from broker.redis import changes
-
     if version <= 0:  # the environment alone: nothing to roll back to
         return
     store = Store(settings.database_url)

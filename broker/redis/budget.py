@@ -8,9 +8,8 @@ step."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from broker import keys
+from broker.protocol import Limits, Usage
 
 # KEYS: the tree's hash; ARGV: turns, tokens, cost (micro-dollars), the three limits
 # (0: none), ttl. Answers {turns, tokens, cost, over} after the charge.
@@ -25,27 +24,6 @@ elseif tonumber(ARGV[5]) > 0 and k > tonumber(ARGV[5]) then over = 'tokens'
 elseif tonumber(ARGV[6]) > 0 and c > tonumber(ARGV[6]) then over = 'cost' end
 return {t, k, c, over}
 """
-
-
-class Limits(BaseModel):
-    """A tree's budget; 0 means no limit on that measure."""
-
-    turns: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-
-
-class Usage(BaseModel):
-    turns: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-    over: str = ""  # the measure that went over its limit, or ''
-
-    def describe(self, limits: Limits) -> str:
-        parts = [f"{self.turns} model turns", f"{self.tokens} tokens"]
-        if limits.cost_usd or self.cost_usd:
-            parts.append(f"${self.cost_usd:.4f}")
-        return ", ".join(parts)
 
 
 def price(table: dict[str, tuple[float, float]], model: str, inp: int, out: int) -> float:

@@ -16,8 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from broker import keys
 from broker.config.policy import PermissionMode
 from broker.errors import Forbidden, NotFound, TooManyJobs
-from broker.protocol import FINAL_STATUSES, JobResult, Subagent
-from broker.redis.budget import Limits
+from broker.protocol import FINAL_STATUSES, JobResult, Limits, Subagent
 from orchestrator.api.deps import Caller, Id, OwnedSession, Services, Svc
 
 router = APIRouter(prefix="/v1", tags=["jobs"])

@@ -33,10 +33,11 @@ from broker.protocol import (
     Event,
     EventType,
     JobSpec,
+    Limits,
 )
 from broker.redis import events
 from broker.redis.announce import CLOSE, RELEASE, AnnounceItem, AnnounceQueue
-from broker.redis.budget import Budget, Limits, price
+from broker.redis.budget import Budget, price
 from broker.redis.control import cancel_jobs_async
 from broker.redis.ratelimit import RateLimiter
 from broker.stores.mcp import accessible_tools
