@@ -7,6 +7,7 @@ or its runs' jobs exist and are sent again."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,7 @@ from broker.config.settings import Settings
 from broker.pg.store import Store
 from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE
 from broker.stores.cron import CronStore
+from orchestrator.services.service import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +100,22 @@ class Ticker:
             self.store.close()
         if self.redis is not None:
             self.redis.close()
+
+
+class CronService(Periodic):
+    """The ticker as the orchestrator's duty: every orchestrator ticks, PostgreSQL makes
+    each scheduled time start once."""
+
+    name = "cron"
+
+    def __init__(self, settings: Settings, app: Celery) -> None:
+        super().__init__()
+        self.interval_s = settings.cron_tick_s
+        self.ticker = Ticker(settings, app)
+
+    async def tick(self) -> None:
+        await asyncio.to_thread(self.ticker.tick)
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.ticker.close()

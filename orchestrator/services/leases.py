@@ -10,6 +10,7 @@ process does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from redis.client import Pipeline
 from broker import keys
 from broker.config.settings import Settings
 from broker.redis.presence import Heartbeat
+from orchestrator.services.service import Service
 
 log = logging.getLogger("clawq.orchestrator")
 
@@ -90,3 +92,28 @@ class LeaseKeeper:
         expiry = int((time.time() + self.settings.subagent_lease_s) * 1000)
         if children := dict.fromkeys(self.children(), expiry):  # their running slots
             pipe.zadd(keys.SUBAGENTS_RUNNING, children, xx=True)
+
+
+class Leases(Service):
+    """The lease keeper as the orchestrator's duty: its thread beats, and the event loop
+    checks in every heartbeat interval to say it is alive."""
+
+    name = "leases"
+
+    def __init__(self, keeper: LeaseKeeper, interval_s: float) -> None:
+        super().__init__()
+        self.keeper = keeper
+        self.interval_s = interval_s
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.keeper.start)
+        await super().start()
+
+    async def run(self) -> None:
+        while True:
+            self.keeper.check_in()
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self) -> None:
+        await super().stop()
+        await asyncio.to_thread(self.keeper.stop)  # and its presence goes
