@@ -17,7 +17,8 @@ from pydantic import BaseModel
 
 from broker.config.settings import Settings
 from broker.protocol import Event
-from broker.stores.memory import ChunkRow, MemoryStore
+from broker.stores.memory import MemoryStore
+from broker.stores.memory_index import ChunkRow
 from workers.tools.memory import embed
 from workers.tools.memory.chunking import chunk_markdown
 

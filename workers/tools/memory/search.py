@@ -19,7 +19,8 @@ from pydantic import Field
 
 from broker.config.settings import Settings
 from broker.protocol import Group
-from broker.stores.memory import Candidate, MemoryStore
+from broker.stores.memory import MemoryStore
+from broker.stores.memory_search import Candidate
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.memory import embed
 
