@@ -29,21 +29,21 @@ def _server(s: McpServer) -> ServerView:
     return ServerView(name=s.name, transport=s.transport, target=target, enabled=s.enabled)
 
 
-class GrantBody(BaseModel):
+class ForSubject(BaseModel):
+    """A server's tools for an agent or a user (one of them)."""
+
     model_config = ConfigDict(extra="forbid")
     server: str
     agent: str | None = None
     user: str | None = None
     allow: list[str] = Field(default_factory=list)
+
+
+class GrantBody(ForSubject):
     deny: list[str] = Field(default_factory=list)
 
 
-class RequestBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    server: str
-    agent: str | None = None
-    user: str | None = None
-    allow: list[str] = Field(default_factory=list)
+class RequestBody(ForSubject):
     reason: str = ""
 
 

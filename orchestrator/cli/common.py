@@ -14,9 +14,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -24,11 +24,14 @@ from rich.table import Table
 
 from broker.config.settings import Settings
 from broker.errors import RequestError
+from broker.pg.store import Store
+from broker.protocol import Group
 
 if TYPE_CHECKING:
     from orchestrator.client import LocalClient
 
 diagnostics = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _cell(value: Any) -> str:
@@ -125,3 +128,23 @@ def cluster() -> Iterator[LocalClient]:
 
     with LocalClient(settings_from_env()) as client, refused_as_usage():
         yield client
+
+
+@contextmanager
+def database() -> Iterator[tuple[Settings, Store]]:
+    """The settings and the migrated store of the cluster this command talks to: for the
+    operator's commands that read PostgreSQL directly (keys, config, dlq, memory)."""
+    settings = settings_from_env()
+    store = Store(settings.database_url)
+    try:
+        store.migrate()
+        yield settings, store
+    finally:
+        store.close()
+
+
+def group_option(help: str) -> Callable[[F], F]:
+    """`--group G`: one of the tool groups."""
+    return click.option(
+        "--group", "group", required=True, type=click.Choice([g.value for g in Group]), help=help
+    )

@@ -15,23 +15,16 @@ import redis
 from broker.config.live import TOPIC, ConfigError, LiveConfigStore, diff, validate
 from broker.config.settings import Settings
 from broker.redis import changes
-from orchestrator.cli.common import json_option, table
+from orchestrator.cli.common import database, json_option, table
 
 
 @contextmanager
 def opened() -> Iterator[tuple[Settings, LiveConfigStore]]:
-    from broker.pg.store import Store
-    from orchestrator.cli.common import settings_from_env
-
-    settings = settings_from_env()
-    store = Store(settings.database_url)
     try:
-        store.migrate()
-        yield settings, LiveConfigStore(store.conn)
+        with database() as (settings, store):
+            yield settings, LiveConfigStore(store.conn)
     except ConfigError as exc:
         raise click.UsageError(f"refused: {exc.field}: {exc.message}") from None
-    finally:
-        store.close()
 
 
 def _announce(settings: Settings) -> None:

@@ -14,21 +14,13 @@ from broker import keys
 from broker.config.settings import Settings
 from broker.protocol import CallEnvelope
 from broker.stores.dead_letters import DeadLetter, DeadLetters
-from orchestrator.cli.common import json_option, table
+from orchestrator.cli.common import database, json_option, table
 
 
 @contextmanager
 def opened() -> Iterator[tuple[Settings, DeadLetters]]:
-    from broker.pg.store import Store
-    from orchestrator.cli.common import settings_from_env
-
-    settings = settings_from_env()
-    store = Store(settings.database_url)
-    try:
-        store.migrate()
+    with database() as (settings, store):
         yield settings, DeadLetters(store.conn)
-    finally:
-        store.close()
 
 
 @click.group()

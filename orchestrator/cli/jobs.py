@@ -107,31 +107,18 @@ def show_event(event: Event, interactive: bool = False) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def run(
     prompt: str,
-    model: str,
     script_file: str | None,
     workspace: str,
-    allow: tuple[str, ...],
-    ask: tuple[str, ...],
-    deny: tuple[str, ...],
-    permission_mode: str,
-    max_iterations: int | None,
     timeout: float,
     as_json: bool,
+    **options: Any,
 ) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
     script = json.loads(Path(script_file).read_text()) if script_file else None
     with cluster() as client:
         with refused_as_usage():
             job = client.submit(
-                prompt,
-                model=model,
-                script=script,
-                workspace=os.path.abspath(workspace),
-                allow=allow,
-                ask=ask,
-                deny=deny,
-                permission_mode=permission_mode,
-                max_iterations=max_iterations,
+                prompt, script=script, workspace=os.path.abspath(workspace), **options
             )
         if not as_json:
             interactive = sys.stdin.isatty()  # a person is there: ask inline

@@ -10,20 +10,13 @@ from contextlib import contextmanager
 import click
 
 from broker.stores.api_keys import ApiKeyStore
-from orchestrator.cli.common import diagnostics, json_option, table
+from orchestrator.cli.common import database, diagnostics, json_option, table
 
 
 @contextmanager
 def key_store() -> Iterator[ApiKeyStore]:
-    from broker.pg.store import Store
-    from orchestrator.cli.common import settings_from_env
-
-    store = Store(settings_from_env().database_url)
-    try:
-        store.migrate()
+    with database() as (_, store):
         yield ApiKeyStore(store)
-    finally:
-        store.close()
 
 
 @click.group()

@@ -14,21 +14,13 @@ import click
 from broker.config.settings import Settings
 from broker.stores.context_files import CONTEXT_FILES, ContextFileStore, VersionConflict
 from broker.stores.memory import MemoryStore
-from orchestrator.cli.common import json_option, table
+from orchestrator.cli.common import database, json_option, table
 
 
 @contextmanager
 def opened() -> Iterator[tuple[Settings, MemoryStore, ContextFileStore]]:
-    from broker.pg.store import Store
-    from orchestrator.cli.common import settings_from_env
-
-    settings = settings_from_env()
-    store = Store(settings.database_url)
-    try:
-        store.migrate()
+    with database() as (settings, store):
         yield settings, MemoryStore(store.conn), ContextFileStore(store.conn)
-    finally:
-        store.close()
 
 
 @click.group()

@@ -29,8 +29,8 @@ import click
 
 from broker.config.settings import Settings
 from broker.errors import Signal
-from broker.protocol import AGENTS_QUEUE, Group
-from orchestrator.cli.common import json_option, settings_from_env, table
+from broker.protocol import AGENTS_QUEUE
+from orchestrator.cli.common import group_option, json_option, settings_from_env, table
 
 PROBES = ("ready", "live", "all")
 CONNECT_TIMEOUT_S = 3  # a probe's whole run stays well inside its timeoutSeconds
@@ -219,13 +219,7 @@ def health_orchestrator(probe: str) -> None:
 
 
 @health.command("worker")
-@click.option(
-    "--group",
-    "group",
-    required=True,
-    type=click.Choice([g.value for g in Group]),
-    help="Tool group whose worker is checked (its queue).",
-)
+@group_option("Tool group whose worker is checked (its queue).")
 @probe_option
 def health_worker(group: str, probe: str) -> None:
     """This node's worker of GROUP: its services, and the heartbeat of a process of it."""

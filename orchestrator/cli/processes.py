@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import click
 
-from broker.protocol import Group
-from orchestrator.cli.common import log_option, settings_from_env, setup_logging
+from orchestrator.cli.common import group_option, log_option, settings_from_env, setup_logging
 
 
 @click.command()
-@click.option(
-    "--group",
-    "group",
-    required=True,
-    type=click.Choice([g.value for g in Group]),
-    help="Tool group whose queue this worker consumes.",
-)
+@group_option("Tool group whose queue this worker consumes.")
 @click.option("--concurrency", type=int, default=None, help="Executing processes/threads.")
 @click.option(
     "--pool",

@@ -57,24 +57,22 @@ def show(name: str, agent: str) -> None:
         click.echo(a.show(name, agent).model_dump_json(indent=2))
 
 
-@tools.command("disable")
-@click.argument("name")
-@agent_option
-def disable(name: str, agent: str) -> None:
-    """Stop offering a tool (the next job no longer sees it)."""
-    with admin() as a:
-        a.enable(name, agent, False)
-    click.echo(f"disabled {name}")
+def _switch(enabled: bool, doc: str) -> click.Command:
+    verb = "enable" if enabled else "disable"
+
+    @tools.command(verb, help=doc)
+    @click.argument("name")
+    @agent_option
+    def switch(name: str, agent: str) -> None:
+        with admin() as a:
+            a.enable(name, agent, enabled)
+        click.echo(f"{verb}d {name}")
+
+    return switch
 
 
-@tools.command("enable")
-@click.argument("name")
-@agent_option
-def enable(name: str, agent: str) -> None:
-    """Offer a disabled tool again."""
-    with admin() as a:
-        a.enable(name, agent, True)
-    click.echo(f"enabled {name}")
+disable = _switch(False, "Stop offering a tool (the next job no longer sees it).")
+enable = _switch(True, "Offer a disabled tool again.")
 
 
 @tools.command("remove")

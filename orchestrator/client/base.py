@@ -6,8 +6,8 @@ registers itself as it is defined, so this module imports neither)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar, TypedDict
 
 from broker.config.settings import Settings
 from broker.errors import Conflict, Invalid
@@ -20,6 +20,24 @@ class ClientError(Invalid):
 
 class NotNow(Conflict, ClientError):
     """The job is not in a state that allows it (it ended; the request was answered)."""
+
+
+class JobOptions(TypedDict, total=False):
+    """What a job may say beside its prompt (`Client.submit`'s keywords; the API's body)."""
+
+    workspace: str
+    model: str
+    script: dict[str, Any] | None
+    allow: Iterable[str]
+    ask: Iterable[str]
+    deny: Iterable[str]
+    permission_mode: str
+    agent: str
+    max_iterations: int | None
+    system: str
+    channel: str
+    chat_id: str
+    budget: dict[str, Any] | None
 
 
 class Job(ABC):

@@ -159,13 +159,7 @@ class LocalClient(Client, kind="local"):
 
     job_kind = LocalJob
 
-    def __init__(
-        self,
-        settings: Settings | None = None,
-        *,
-        api_url: str | None = None,
-        api_key: str | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings | None = None, **_: object) -> None:
         self.settings = settings or Settings()
         self.redis = redis.Redis.from_url(self.settings.redis_url)
         self.store = Store(self.settings.database_url)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 from httpx_sse import connect_sse
@@ -22,7 +22,7 @@ from broker.protocol import FINAL_STATUSES, Event, JobResult, Subagent
 from broker.stores.custom_tools import CustomTool
 from broker.stores.mcp import AccessRequest, McpToolRow
 from orchestrator.admin.definitions import read_definition
-from orchestrator.client.base import Client, ClientError, Job
+from orchestrator.client.base import Client, ClientError, Job, JobOptions
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -33,6 +33,13 @@ def _check(response: httpx.Response) -> httpx.Response:
     except (ValueError, KeyError, TypeError):
         message = response.text[:300] or response.reason_phrase
     raise ClientError(f"{message} (HTTP {response.status_code})")
+
+
+def _for_subject(
+    server: str, agent: str | None, user: str | None, allow: list[str] | None, **more: Any
+) -> dict[str, Any]:
+    """The body of a grant or an access request (the API's `ForSubject`)."""
+    return {"server": server, "agent": agent, "user": user, "allow": allow or [], **more}
 
 
 class RemoteJob(Job):
@@ -125,13 +132,7 @@ class RemoteMcp:
         deny: list[str] | None = None,
         by: str = "",
     ) -> None:
-        body = {
-            "server": server,
-            "agent": agent,
-            "user": user,
-            "allow": allow or [],
-            "deny": deny or [],
-        }
+        body = _for_subject(server, agent, user, allow, deny=deny or [])
         _check(self.http.post("/v1/mcp/grants", json=body))
 
     def revoke(self, server: str, *, agent: str | None = None, user: str | None = None) -> None:
@@ -151,13 +152,7 @@ class RemoteMcp:
         reason: str = "",
         by: str = "",
     ) -> str:
-        body = {
-            "server": server,
-            "agent": agent,
-            "user": user,
-            "allow": allow or [],
-            "reason": reason,
-        }
+        body = _for_subject(server, agent, user, allow, reason=reason)
         return str(_check(self.http.post("/v1/mcp/requests", json=body)).json()["id"])
 
     def requests(self, status: str | None = "pending") -> list[AccessRequest]:
@@ -220,38 +215,10 @@ class RemoteClient(Client, kind="remote"):
     def __enter__(self) -> RemoteClient:
         return self
 
-    def submit(
-        self,
-        prompt: str,
-        *,
-        workspace: str = "",
-        model: str = "scripted",
-        script: dict[str, Any] | None = None,
-        allow: Iterable[str] = (),
-        deny: Iterable[str] = (),
-        ask: Iterable[str] = (),
-        permission_mode: str = "default",
-        agent: str = "main",
-        max_iterations: int | None = None,
-        system: str = "",
-        channel: str = "",
-        chat_id: str = "",
-    ) -> RemoteJob:
-        body = {
-            "prompt": prompt,
-            "workspace": workspace,
-            "model": model,
-            "script": script,
-            "allow": list(allow),
-            "ask": list(ask),
-            "deny": list(deny),
-            "permission_mode": permission_mode,
-            "agent": agent,
-            "max_iterations": max_iterations,
-            "system": system,
-            "channel": channel,
-            "chat_id": chat_id,
-        }
+    def submit(self, prompt: str, **options: Unpack[JobOptions]) -> RemoteJob:
+        body: dict[str, Any] = {"prompt": prompt, **options}
+        for rules in ("allow", "ask", "deny"):
+            body[rules] = list(body.get(rules, ()))
         job_id = _check(self.http.post("/v1/jobs", json=body)).json()["job_id"]
         return RemoteJob(self, job_id)
 
