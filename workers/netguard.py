@@ -243,6 +243,15 @@ def check_url(url: httpx.URL, policy: EgressPolicy) -> None:
     check_host(url.host, policy)
 
 
+def check_target(url: httpx.URL, policy: EgressPolicy) -> None:
+    """`check_url`, and a host written as an address checked as connecting to it would be
+    (for those who cannot, or need not, resolve: the browser's route, a cached page)."""
+    check_url(url, policy)
+    address = literal_address(url.host.lower().rstrip("."))
+    if address is not None:
+        check_address(address, url.port or (443 if url.scheme == "https" else 80), policy)
+
+
 def parse_url(url: str) -> httpx.URL:
     try:
         return httpx.URL(url.strip())
