@@ -23,6 +23,12 @@ def subscribe(listener: Callable[[Settings], None]) -> None:
         _listeners.append(listener)
 
 
+def unsubscribe(listener: Callable[[Settings], None]) -> None:
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
 def changed(settings: Settings) -> None:
     """Tell every subscriber the settings now in force; one's failure stops no other."""
     with _lock:

@@ -195,6 +195,8 @@ def blocked_reason(address: IP, policy: EgressPolicy) -> str | None:
     if address in METADATA_ADDRESSES:
         return "a cloud metadata address"
     if isinstance(address, ipaddress.IPv6Address):
+        if address.is_loopback:  # ::1 lies in ::/96 too: name it for what it is
+            return "a loopback address"
         if any(address in net for net in EMBEDS_V4):
             return "IPv4 inside IPv6 (mapped, 6to4, NAT64 or Teredo)"
         if address in SITE_LOCAL:
