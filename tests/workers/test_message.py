@@ -246,7 +246,7 @@ def settings(
             "message_channels": Settings.model_validate(
                 {"message_channels": channels}
             ).message_channels,
-            "web_private_allow": [site.endpoint],
+            "web_private_allow": [site.endpoint, f"127.0.0.1:{port}"],  # the SMTP server too
         }
     )
 
@@ -611,3 +611,27 @@ def test_provider_error_text_passes_the_channels_redaction(
     assert len(errors) == 2 and all("***" in e for e in errors)
     for text in [slack.for_llm, telegram.for_llm, *errors]:
         assert SLACK_TOKEN not in text and TG_TOKEN not in text
+
+
+def test_an_smtp_host_on_a_blocked_address_is_never_connected_to(settings: Settings) -> None:
+    """SMTP meets the egress guard too: the same server, without its exemption."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        mail = settings.message_channels["mail"].model_copy(update={"port": port})
+        blocked = settings.model_copy(
+            update={"message_channels": {**settings.message_channels, "mail": mail}}
+        )
+        result = send(
+            blocked,
+            channel="mail",
+            target="bob@example.com",
+            forward=True,
+            reason="t",
+            text="hello",
+        )
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody knocked
+    assert result.is_error and "127.0.0.1, a loopback address" in result.for_llm, result.for_llm

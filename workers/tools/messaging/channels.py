@@ -1,8 +1,9 @@
 """The four channel kinds, each speaking its provider's documented API: a signed JSON
 webhook, Slack (an incoming webhook, or chat.postMessage / chat.update with a bot token),
 Telegram's Bot API (sendMessage, sendDocument, editMessageText) and email (SMTP with
-STARTTLS). HTTP goes through the egress client. Secrets are read from the environment
-variable the channel names and never appear in what is returned or raised."""
+STARTTLS). HTTP goes through the egress client; SMTP connects only to an address the
+egress policy allows. Secrets are read from the environment variable the channel names
+and never appear in what is returned or raised."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hmac
 import json
 import os
 import smtplib
+import socket
 import ssl
 import time
 import uuid
@@ -21,8 +23,8 @@ from typing import Any
 from urllib.parse import quote
 
 from broker.settings import MessageChannel, Settings
-from workers.egress import egress_for
-from workers.netguard import EgressError
+from workers.egress import checked_addresses, egress_for
+from workers.netguard import EgressError, EgressPolicy
 
 SIGNATURE_HEADER = "X-Clawq-Signature"  # sha256=<hex HMAC of "<timestamp>.<body>">
 TIMESTAMP_HEADER = "X-Clawq-Timestamp"
@@ -294,7 +296,10 @@ class Email(Channel):
             )
         password = self.secret(c.password_env, "password") if c.username else ""
         try:
-            with smtplib.SMTP(c.host, c.port, timeout=self.settings.message_timeout_s) as smtp:
+            policy = EgressPolicy.from_settings(self.settings)
+            with GuardedSMTP(
+                policy, c.host, c.port, timeout=self.settings.message_timeout_s
+            ) as smtp:
                 smtp.ehlo()
                 if c.starttls:
                     context = ssl.create_default_context(cafile=c.ca_file or None)
@@ -303,6 +308,8 @@ class Email(Channel):
                 if c.username:
                     smtp.login(c.username, password)
                 smtp.send_message(mail)
+        except EgressError as exc:  # refused before connecting: nothing was sent
+            raise self.fail(exc.reason) from None
         except (
             smtplib.SMTPRecipientsRefused,
             smtplib.SMTPSenderRefused,
@@ -316,6 +323,19 @@ class Email(Channel):
         except (smtplib.SMTPException, OSError) as exc:  # it may have been accepted
             raise self.fail(_short(exc), sent_maybe=True) from None
         return str(mail["Message-ID"])
+
+
+class GuardedSMTP(smtplib.SMTP):
+    """SMTP connected only to an address the egress policy allows (the host resolved and
+    every answer checked, as for any request); STARTTLS still verifies the host's name."""
+
+    def __init__(self, policy: EgressPolicy, *args: Any, **kwargs: Any) -> None:
+        self.policy = policy
+        super().__init__(*args, **kwargs)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        found = checked_addresses(host, port, self.policy)
+        return socket.create_connection((found[0], port), timeout, self.source_address)
 
 
 KINDS: dict[str, type[Channel]] = {
