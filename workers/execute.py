@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -27,10 +27,11 @@ from broker.pg.store import Store
 from broker.protocol import CallEnvelope, CallOutcome
 from broker.redis.ledger import Ledger
 from broker.redis.presence import Heartbeat, process_id
+from workers import live
 from workers.confine import host as confine
 from workers.confine.sandbox import Sandbox, SandboxError
 from workers.registry import Registry
-from workers.scrub import Scrubber, secrets_of
+from workers.scrub import Scrubber, scrub_logs, secrets_of
 from workers.tool import SideEffect, ToolContext, ToolError, ToolResult
 from workers.tools.runtime.process import end_session, state_root
 
@@ -51,8 +52,11 @@ class WorkerRuntime:
     scrub: Scrubber
     sandbox: Sandbox | None = None
     base_settings: Settings | None = None  # the environment's, under the live configuration
+    config_version: int = -1  # the live configuration's change counter when last loaded
     _store: Store | None = None
     _celery: Celery | None = None
+    _reloading: threading.Lock = field(default_factory=threading.Lock)
+    _retry_at: float = 0.0
 
     @classmethod
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
@@ -76,14 +80,14 @@ class WorkerRuntime:
         scrub = Scrubber(secrets_of(settings))
         runtime = cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
         runtime.base_settings = settings
+        scrub_logs(lambda: runtime.scrub)  # what this process logs is scrubbed as results are
         from broker.config import live as live_config
-        from broker.redis import changes
         from broker.redis.changes import Listener
 
-        # live configuration (web domain lists, …) reaches this process within moments
+        # live configuration (web domain lists, channels, …) reaches this process within
+        # moments, and each call checks its counter first (`follow_config`)
         Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
-        if changes.version(client, live_config.TOPIC):  # applied before this process began
-            runtime.reload_settings()
+        runtime.follow_config()  # applied before this process began
         if queue == "runtime":
             threading.Thread(
                 target=runtime.end_sessions, name="clawq-sessions", daemon=True
@@ -95,13 +99,37 @@ class WorkerRuntime:
             ).start()
         return runtime
 
+    def follow_config(self) -> None:
+        """Reload when the live configuration moved since it was loaded: one Redis read,
+        so a change applied before a call is in force for it (the notice may be late). A
+        load that failed is tried again at most once a second."""
+        from broker.config import live as live_config
+        from broker.redis import changes
+
+        try:
+            now = changes.version(self.redis, live_config.TOPIC)
+        except redis.RedisError:
+            return
+        if now != self.config_version and time.monotonic() >= self._retry_at:
+            self.reload_settings()
+
     def reload_settings(self, topic: str = "") -> None:
-        """The environment's settings with the applied live configuration over them; the
-        next call uses them. A failure keeps what is in force."""
-        from broker.config.live import ConfigError, LiveConfigStore, effective, reject
+        """The environment's settings with the applied live configuration over them, and a
+        scrubber that knows every secret they name; the next call uses them. A failure
+        keeps what is in force."""
+        with self._reloading:
+            self._reload()
+
+    def _reload(self) -> None:
+        from broker.config.live import TOPIC, ConfigError, LiveConfigStore, effective, reject
+        from broker.redis import changes
 
         base = self.base_settings or self.settings
         try:
+            version = changes.version(self.redis, TOPIC)  # read first: a later move reloads
+            if version == 0:  # nothing was ever applied: the environment rules
+                self.config_version = 0
+                return
             store = Store(base.database_url)
             try:
                 current = LiveConfigStore(store.conn).current()
@@ -109,13 +137,20 @@ class WorkerRuntime:
                 store.close()
         except Exception as exc:  # the schema not there yet, the database away: keep going
             log.warning("live configuration not loaded: %s", exc)
+            self._retry_at = time.monotonic() + 1.0
             return
+        self.config_version = version
         try:
-            self.settings = effective(base, current.config if current else {})
+            settings = effective(base, current.config if current else {})
         except ConfigError as exc:  # this process cannot run it: the last good one rules
-            version = current.version if current else 0
-            log.error("live configuration %s fails here (%s); rolling back", version, exc)
-            reject(base, version, f"{self.proc_id}: {exc}")
+            number = current.version if current else 0
+            log.error("live configuration %s fails here (%s); rolling back", number, exc)
+            reject(base, number, f"{self.proc_id}: {exc}")
+            return
+        # the scrubber first: a secret the new settings name is never out unscrubbed
+        self.scrub = Scrubber(secrets_of(settings))
+        self.settings = settings
+        live.changed(settings)
 
     def end_sessions(self) -> None:
         """Kill the background processes of sessions whose job has ended."""
@@ -155,6 +190,7 @@ class WorkerRuntime:
         A read's first delivery runs while its claim is on the way (running it twice
         changes nothing); any other call, and a read sent again (its runner died: it may
         be what kills them), runs only once the ledger has said it may."""
+        self.follow_config()
         claim = (
             envelope.job_id,
             envelope.turn,
@@ -205,7 +241,7 @@ class WorkerRuntime:
             for_llm=self.scrub(result.for_llm),  # secrets never leave the worker
             for_user=self.scrub(result.for_user),
             is_error=result.is_error,
-            metadata=result.metadata,
+            metadata=self.scrub.values(result.metadata),
             queue=self.queue,
             worker=self.proc_id,
             attempts=attempts,

@@ -13,10 +13,12 @@ secret-like value, so prose that mentions a password or a token stays as it is.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
+from typing import Any
 from urllib.parse import urlsplit
 
 from broker.config.settings import Settings
@@ -157,6 +159,16 @@ class Scrubber:
         for pattern in (ASSIGNMENT, URL_PASSWORD):
             yield from (m.span(2) for m in pattern.finditer(text))
 
+    def values(self, value: Any) -> Any:
+        """Every string inside `value` (a result's metadata: lists, dicts) scrubbed."""
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, dict):
+            return {k: self.values(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.values(v) for v in value]
+        return value
+
     def __call__(self, text: str) -> str:
         if not text:
             return text
@@ -174,3 +186,34 @@ class Scrubber:
             at = end
         out.append(text[at:])
         return "".join(out)
+
+
+_log_scrubber: list[Callable[[], Scrubber]] = []
+
+
+def scrub_logs(current: Callable[[], Scrubber]) -> None:
+    """Scrub every log record this process makes with `current()` (the scrubber in force
+    at the time), its traceback included: a library's log line (httpx names the URL it
+    requested, a bot token in its path) must not carry a secret into the worker's log.
+    A record factory, so every logger and handler is covered, whoever configured them."""
+    if _log_scrubber:
+        _log_scrubber[0] = current
+        return
+    _log_scrubber.append(current)
+    made = logging.getLogRecordFactory()
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = made(*args, **kwargs)
+        scrub = _log_scrubber[0]()
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: logging reports it itself
+            return record
+        clean = scrub(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    logging.setLogRecordFactory(factory)

@@ -245,6 +245,57 @@ def test_bodies_are_capped_after_decompression(allowed: Site) -> None:
     client.close()
 
 
+def test_a_gzip_bomb_costs_the_cap_not_its_ratio(allowed: Site) -> None:
+    """Measured in a fresh process: 200 MB of zeros in 190 KB of gzip, read with the
+    default 5 MiB cap. Inflating whole chunks (httpx's decoder) peaked 64-128 MiB above
+    the start; bounded steps cost the body and one copy of it (the bytes returned)."""
+    import json
+    import subprocess
+    import sys
+
+    cap = 5 * 2**20
+    allowed.routes["/bomb"] = gzipped(b"\0" * 200_000_000)
+    args = (allowed.endpoint, str(cap))
+    probe = subprocess.run(
+        [sys.executable, "-m", "tests.workers.bomb_probe", f"{allowed.url}/bomb", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    got = json.loads(probe.stdout)
+    assert got["body"] == cap and got["truncated"]
+    assert got["traced_peak_mib"] <= 2 * cap / 2**20 + 1.5, got
+    assert got["rss_growth_mib"] <= 2 * cap / 2**20 + 8, got
+
+
+def test_codings_other_than_gzip_and_deflate_are_not_decoded(allowed: Site) -> None:
+    import zlib
+
+    text = b"deflated words " * 100
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    allowed.routes.update(
+        {
+            "/deflate": Reply(200, zlib.compress(text), headers={"Content-Encoding": "deflate"}),
+            "/raw": Reply(
+                200, raw.compress(text) + raw.flush(), headers={"Content-Encoding": "deflate"}
+            ),
+            "/xgz": Reply(200, gzip.compress(text), headers={"Content-Encoding": "x-gzip"}),
+            "/br": Reply(200, b"\x1b\x03", headers={"Content-Encoding": "br"}),
+            "/broken": Reply(200, b"not gzip at all", headers={"Content-Encoding": "gzip"}),
+        }
+    )
+    client = egress(allowed.endpoint)
+    for path in ("/deflate", "/raw", "/xgz"):
+        assert client.request("GET", f"{allowed.url}{path}").body == text, path
+    assert allowed.seen[0].headers["accept-encoding"] == "gzip, deflate"  # no br, no zstd
+    with pytest.raises(EgressError, match="encoded as br, not gzip or deflate"):
+        client.request("GET", f"{allowed.url}/br")
+    with pytest.raises(EgressError, match="the body does not decode"):
+        client.request("GET", f"{allowed.url}/broken")
+    client.close()
+
+
 def test_a_slow_server_times_out(allowed: Site) -> None:
     allowed.routes["/slow"] = Reply(200, b"late", delay_s=2.0)
     client = egress(allowed.endpoint, read_timeout_s=0.5)

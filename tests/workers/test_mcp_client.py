@@ -160,15 +160,25 @@ def test_the_health_check_reconnects_a_dead_server_without_a_call(harness: Any) 
     assert not h.call("time", "get_current_time", timezone="UTC")["isError"]
 
 
+def endpoint(url: str) -> str:
+    """The server's `host:port`, exempted from the egress guard's private block."""
+    return url.split("/")[2]
+
+
 def test_sse_transport(harness: Any, sse_url: str) -> None:
-    h = harness({"legacy": {"type": "sse", "url": sse_url, "headers": {"X-Test": "1"}}})
+    h = harness(
+        {"legacy": {"type": "sse", "url": sse_url, "headers": {"X-Test": "1"}}},
+        web_private_allow=[endpoint(sse_url)],
+    )
     assert h.call("legacy", "add", a=20, b=22)["structuredContent"] == {"result": 42}
     assert "picture" in h.listed["legacy"]
 
 
 def test_an_unreachable_server_fails_cleanly_after_backoff(harness: Any) -> None:
+    port = free_port()
     h = harness(
-        {"down": {"url": f"http://127.0.0.1:{free_port()}/mcp"}},
+        {"down": {"url": f"http://127.0.0.1:{port}/mcp"}},
+        web_private_allow=[f"127.0.0.1:{port}"],
         mcp_reconnect_initial_s=0.05,
         mcp_reconnect_max_s=0.2,
         mcp_reconnect_attempts=4,
@@ -191,7 +201,10 @@ def test_an_unreachable_server_fails_cleanly_after_backoff(harness: Any) -> None
 
 
 def test_streamable_http_results_and_timeouts(harness: Any, web_url: str) -> None:
-    h = harness({"web": {"url": web_url, "headers": {"Authorization": "Bearer t"}}})
+    h = harness(
+        {"web": {"url": web_url, "headers": {"Authorization": "Bearer t"}}},
+        web_private_allow=[endpoint(web_url)],
+    )
     assert h.call("web", "add", a=2, b=3)["structuredContent"] == {"result": 5}
     picture = to_result("web", h.call("web", "picture"), 10_000)
     assert (
@@ -204,6 +217,27 @@ def test_streamable_http_results_and_timeouts(harness: Any, web_url: str) -> Non
         h.call("web", "nap", timeout=0.5, seconds=3)
     assert h.call("web", "add", a=1, b=1)["structuredContent"] == {"result": 2}  # still usable
     assert h.listed["web"] == ["add", "nap", "fail", "picture"]
+
+
+def test_http_servers_meet_the_egress_guard(harness: Any, web_url: str, sse_url: str) -> None:
+    """A server on a blocked address, not exempted, is never connected to: its address is
+    checked like any request's (the same servers answer when exempted, above)."""
+    h = harness(
+        {
+            "web": {"url": web_url},
+            "legacy": {"type": "sse", "url": sse_url},
+            "meta": {"url": "http://metadata.google.internal/mcp"},
+        },
+        mcp_reconnect_attempts=1,
+        mcp_health_interval_s=60,
+    )
+    for server, why in (
+        ("web", "127.0.0.1, a loopback address"),
+        ("legacy", "127.0.0.1, a loopback address"),
+        ("meta", "metadata.google.internal is an internal host name"),
+    ):
+        with pytest.raises(McpError, match=why):
+            h.call(server, "add", timeout=5, a=1, b=1)
 
 
 def test_results_become_text_with_placeholders_and_a_cap() -> None:

@@ -174,6 +174,7 @@ def test_a_failing_embedder_still_indexes_full_text_and_says_so(isolated: Isolat
         )
         outcome = index_document(memory, settings, doc.id)
         assert outcome.state == "failed" and "127.0.0.1:9" in outcome.error
+        assert "127.0.0.1, a loopback address" in outcome.error  # the egress guard refused it
         hits = search(
             memory, "main", "", "espresso", settings.model_copy(update={"memory_embedder": "none"})
         )
@@ -226,6 +227,7 @@ def test_the_openai_embedder_speaks_the_embeddings_api(
             "memory_embedder": "auto",  # the URL is set: auto means openai
             "memory_openai_url": f"{embeddings_server}/v1",
             "memory_openai_model": "multilingual-e5-small-q4",
+            "web_private_allow": [embeddings_server.split("/")[2]],  # a provider on this host
         }
     )
     store = Store(isolated.database_url)

@@ -69,6 +69,9 @@ class Receivers:
         if seen.headers.get("authorization") != f"Bearer {SLACK_TOKEN}":
             return Reply(200, b'{"ok": false, "error": "invalid_auth"}', "application/json")
         method, body = seen.path.rsplit("/", 1)[1], seen.json()
+        if body.get("channel") == "C-echo":  # a provider quoting what it was sent
+            said = {"ok": False, "error": f"invalid_auth: {seen.headers['authorization']}"}
+            return Reply(200, json.dumps(said).encode(), "application/json")
         if body.get("channel") == "C-missing":
             return Reply(200, b'{"ok": false, "error": "channel_not_found"}', "application/json")
         self.slack.append((method, body))
@@ -89,6 +92,9 @@ class Receivers:
         if not ok:
             self.bad.append(f"telegram {method}")
             return Reply(400, b'{"ok": false, "error_code": 400, "description": "Bad Request"}')
+        if chat == "echo":  # a provider quoting the request path, the token in it
+            said = {"ok": False, "error_code": 404, "description": f"Not Found: {seen.path}"}
+            return Reply(404, json.dumps(said).encode(), "application/json")
         if chat == "404":
             return Reply(
                 400,
@@ -240,7 +246,7 @@ def settings(
             "message_channels": Settings.model_validate(
                 {"message_channels": channels}
             ).message_channels,
-            "web_private_allow": [site.endpoint],
+            "web_private_allow": [site.endpoint, f"127.0.0.1:{port}"],  # the SMTP server too
         }
     )
 
@@ -582,3 +588,50 @@ def test_the_channel_rate_limit_holds(
     results = [send(limited, channel="hook", text=f"n{i}") for i in range(3)]
     assert [r.is_error for r in results] == [False, False, True]
     assert "limit of 2 messages a minute" in results[2].for_llm
+
+
+def test_provider_error_text_passes_the_channels_redaction(
+    settings: Settings, receivers: tuple[Receivers, Site]
+) -> None:
+    """Run without the worker's scrubber: the channel's own redaction alone must hold,
+    since its errors are also kept in the outbox."""
+    slack = send(settings, channel="slackbot", target="C-echo", forward=True, reason="t", text="x")
+    assert slack.is_error and "Slack chat.postMessage failed: invalid_auth: Bearer ***" in (
+        slack.for_llm
+    ), slack.for_llm
+    telegram = send(settings, channel="tg", target="echo", forward=True, reason="t", text="x")
+    assert telegram.is_error and "Not Found: /bot***/sendMessage" in telegram.for_llm, (
+        telegram.for_llm
+    )
+    store = Store(settings.database_url)
+    try:
+        errors = [r["error"] for r in store.conn.execute("SELECT error FROM message_outbox")]
+    finally:
+        store.close()
+    assert len(errors) == 2 and all("***" in e for e in errors)
+    for text in [slack.for_llm, telegram.for_llm, *errors]:
+        assert SLACK_TOKEN not in text and TG_TOKEN not in text
+
+
+def test_an_smtp_host_on_a_blocked_address_is_never_connected_to(settings: Settings) -> None:
+    """SMTP meets the egress guard too: the same server, without its exemption."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        mail = settings.message_channels["mail"].model_copy(update={"port": port})
+        blocked = settings.model_copy(
+            update={"message_channels": {**settings.message_channels, "mail": mail}}
+        )
+        result = send(
+            blocked,
+            channel="mail",
+            target="bob@example.com",
+            forward=True,
+            reason="t",
+            text="hello",
+        )
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody knocked
+    assert result.is_error and "127.0.0.1, a loopback address" in result.for_llm, result.for_llm

@@ -177,3 +177,32 @@ def test_permission_is_per_domain_and_fails_closed() -> None:
     local = tool.input_model.model_validate({"url": "http://localhost:8080/admin"})
     verdict = decide(tool, local, [Rule.parse("web_fetch", "allow", "job")], "default", "/ws")
     assert verdict.behavior == "deny" and "internal host name" in verdict.reason
+
+
+def test_a_domain_blocked_live_is_not_served_from_the_cache(
+    site: Site, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.config.live import effective
+    from workers.egress import client as egress
+
+    # ferry.test is the local site (a name, so the domain lists can name it)
+    monkeypatch.setattr(
+        egress, "system_resolver", lambda host, port: ["127.0.0.1"] if host == "ferry.test" else []
+    )
+    client = redis.Redis.from_url(settings.redis_url)
+    url = f"http://ferry.test:{site.port}/notes.md"
+    first = fetch(settings, client, url=url)
+    assert not first.is_error and not first.metadata["cached"], first.for_llm
+    assert fetch(settings, client, url=url).metadata["cached"]  # in the cache now
+    blocked = effective(settings, {"web_block_domains": ["ferry.test"]})  # as a worker reloads
+    refused = fetch(blocked, client, url=url)
+    assert refused.is_error and refused.for_llm == (
+        "web_fetch refused (url_not_allowed): ferry.test is on the blocked domain list"
+    )
+    # a cached page whose redirect led to a domain blocked since is not served either
+    site.routes["/away"] = redirect(f"http://ferry.test:{site.port}/notes.md")
+    other = f"http://{site.endpoint}/away"
+    assert fetch(settings, client, url=other).metadata["final_url"] == url
+    assert fetch(blocked, client, url=other).for_llm.endswith("on the blocked domain list")
+    assert site.paths().count("/notes.md") == 2  # the refusals reached nobody
+    client.close()

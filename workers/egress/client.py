@@ -5,9 +5,10 @@ A/AAAA answer (`workers.egress.netguard`), and connects to a checked address: th
 was checked is the one connected to, so DNS rebinding has no window. SNI and the Host
 header stay those of the URL (httpcore starts TLS with the URL's host). Redirects are
 followed here, at most `CLAWQ_WEB_MAX_REDIRECTS`, each hop checked again; a cross-origin
-hop drops `Authorization` and `Cookie`. The body is read decompressed up to a cap, so a
-gzip bomb stops at the cap. `trust_env` is off: no environment proxy applies by accident;
-`CLAWQ_WEB_PROXY` sends everything through one (then the names and literal addresses are
+hop drops `Authorization` and `Cookie`. The body is read decompressed up to a cap, each
+step of inflating bounded (`workers.egress.inflate`), so a gzip bomb costs the cap, not its
+ratio. `trust_env` is off: no environment proxy applies by accident; `CLAWQ_WEB_PROXY`
+sends everything through one (then the names and literal addresses are
 checked here, and what the proxy resolves is the proxy's to guard).
 """
 
@@ -25,6 +26,7 @@ import httpcore
 import httpx
 
 from broker.config.settings import Settings
+from workers.egress.inflate import ACCEPT_ENCODING, STEP, decoded, decoder
 from workers.egress.netguard import (
     EgressError,
     EgressPolicy,
@@ -155,7 +157,7 @@ class Egress:
             trust_env=False,
             follow_redirects=False,
             timeout=timeout,
-            headers={"User-Agent": USER_AGENT},
+            headers={"User-Agent": USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
         )
 
     def close(self) -> None:
@@ -236,9 +238,12 @@ class Egress:
 
 
 def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """The body decoded up to `cap`, and whether there was more: raw bytes are inflated a
+    bounded step at a time (`workers.egress.inflate`), so a bomb costs the cap, not its ratio."""
     data = bytearray()
+    inflater = decoder(response.headers.get("content-encoding", ""))
     try:
-        for chunk in response.iter_bytes():
+        for chunk in decoded(response.iter_raw(STEP), inflater):
             room = cap - len(data)
             data += chunk[:room]
             if len(chunk) > room:
@@ -247,8 +252,8 @@ def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
         raise EgressError(
             "url_not_accessible", f"reading the body timed out ({_kind(exc)})"
         ) from None
-    except httpx.DecodingError as exc:
-        raise EgressError("url_not_accessible", f"the body does not decode: {exc}") from None
+    except httpx.HTTPError as exc:
+        raise EgressError("url_not_accessible", f"reading the body failed: {exc}") from None
     return bytes(data), False
 
 

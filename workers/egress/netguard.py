@@ -196,6 +196,8 @@ def blocked_reason(address: IP, policy: EgressPolicy) -> str | None:
     if address in METADATA_ADDRESSES:
         return "a cloud metadata address"
     if isinstance(address, ipaddress.IPv6Address):
+        if address.is_loopback:  # ::1 lies in ::/96 too: name it for what it is
+            return "a loopback address"
         if any(address in net for net in EMBEDS_V4):
             return "IPv4 inside IPv6 (mapped, 6to4, NAT64 or Teredo)"
         if address in SITE_LOCAL:
@@ -242,6 +244,15 @@ def check_url(url: httpx.URL, policy: EgressPolicy) -> None:
     if url.userinfo:
         raise EgressError("url_not_allowed", "credentials in the URL are not sent")
     check_host(url.host, policy)
+
+
+def check_target(url: httpx.URL, policy: EgressPolicy) -> None:
+    """`check_url`, and a host written as an address checked as connecting to it would be
+    (for those who cannot, or need not, resolve: the browser's route, a cached page)."""
+    check_url(url, policy)
+    address = literal_address(url.host.lower().rstrip("."))
+    if address is not None:
+        check_address(address, url.port or (443 if url.scheme == "https" else 80), policy)
 
 
 def parse_url(url: str) -> httpx.URL:

@@ -3,7 +3,9 @@ resolve names themselves (Chromium): every CONNECT and every plain-HTTP request 
 resolved here, every address checked (`netguard`), and the connection made to the
 checked address, so DNS rebinding cannot reach what the policy forbids.
 
-It listens on 127.0.0.1 only, on the event loop of whoever starts it."""
+It listens on 127.0.0.1 only, on the event loop of whoever starts it. The policy is asked
+for at each connection, so a live change reaches pages that are already open; a policy of
+None refuses everything (a render that may reach nothing)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from workers.egress.client import checked_addresses
+from workers.egress.client import Resolver, checked_addresses, system_resolver
 from workers.egress.netguard import EgressError, EgressPolicy
 
 log = logging.getLogger(__name__)
@@ -25,10 +27,14 @@ class EgressProxy:
     `on_block(host, reason)` hears every refusal."""
 
     def __init__(
-        self, policy: EgressPolicy, on_block: Callable[[str, str], None] | None = None
+        self,
+        policy: EgressPolicy | Callable[[], EgressPolicy | None],
+        on_block: Callable[[str, str], None] | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
-        self.policy = policy
+        self.policy = policy if callable(policy) else lambda: policy
         self.on_block = on_block or (lambda host, reason: None)
+        self.resolver = resolver or system_resolver
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -84,7 +90,10 @@ class EgressProxy:
             tail = f"{method} {path} {version}\r\n".encode("latin-1") + _one_request(rest)
         host = host.strip("[]")
         try:  # resolved and checked as web_fetch does, off the loop (getaddrinfo blocks)
-            found = await asyncio.to_thread(checked_addresses, host, port, self.policy)
+            policy = self.policy()  # the one in force now, not when the page opened
+            if policy is None:
+                raise EgressError("url_not_allowed", "no network here")
+            found = await asyncio.to_thread(checked_addresses, host, port, policy, self.resolver)
             address = found[0]
         except EgressError as exc:
             self.on_block(host, exc.reason)

@@ -76,16 +76,19 @@ class Connection:
             params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
             # the process's real stderr: under Celery, sys.stderr is a proxy without a fileno
             return stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
+        from workers.egress.async_client import client_factory
+        from workers.egress.netguard import EgressPolicy
+
+        # over HTTP, the guarded client: the server's address is checked like any request
+        guarded = client_factory(lambda: EgressPolicy.from_settings(self.settings))
         if c.transport == "sse":
             from mcp.client.sse import sse_client
 
-            return sse_client(c.url, headers=c.headers)
-        import httpx2  # streamable HTTP takes headers through its HTTP client
+            return sse_client(c.url, headers=c.headers, httpx_client_factory=guarded)
         from mcp.client.streamable_http import streamable_http_client
 
-        http = await stack.enter_async_context(
-            httpx2.AsyncClient(headers=c.headers, timeout=httpx2.Timeout(30, read=300))
-        )
+        # streamable HTTP takes headers through its HTTP client
+        http = await stack.enter_async_context(guarded(headers=c.headers))
         return streamable_http_client(c.url, http_client=http)
 
     async def _own(self, started: asyncio.Future[None]) -> None:

@@ -7,6 +7,7 @@ of another model are never compared with this one's queries."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Protocol
 
@@ -15,6 +16,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from broker.config.settings import Settings
 from broker.errors import RunError
+from workers.egress.netguard import EgressError
 
 
 class EmbedderError(RunError):
@@ -31,18 +33,30 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> list[float]: ...
 
 
+class Answered(Exception):
+    """The provider answered with an error status."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"answered {status}: {text[:200]}")
+        self.status = status
+
+
 def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code == 429 or exc.response.status_code >= 500
-    return isinstance(exc, httpx.TransportError)
+    if isinstance(exc, Answered):
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, EgressError) and exc.code in ("url_not_accessible", "too_many_requests")
 
 
 class OpenAIEmbedder:
-    """POST {base}/embeddings, in batches; retried on 429, 5xx and transport errors."""
+    """POST {base}/embeddings through the egress client, in batches; retried on 429, 5xx
+    and transport errors. A provider on a private address (Ollama on this host) is
+    reached once `CLAWQ_WEB_PRIVATE_ALLOW` names it."""
 
     BATCH = 96
+    MAX_BYTES = 64 * 2**20  # 96 vectors of 3,072 floats as JSON, with room
 
     def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.base = settings.memory_openai_url.rstrip("/")
         self.model = settings.memory_openai_model
         self.extra = (
@@ -50,10 +64,9 @@ class OpenAIEmbedder:
             if settings.memory_openai_dimensions
             else {}
         )
-        headers = {}
+        self.headers = {}
         if settings.memory_openai_api_key:
-            headers["Authorization"] = f"Bearer {settings.memory_openai_api_key}"
-        self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(60.0, connect=10.0))
+            self.headers["Authorization"] = f"Bearer {settings.memory_openai_api_key}"
         suffix = f"@{settings.memory_openai_dimensions}" if self.extra else ""
         self.name = f"openai:{self.model}{suffix}"
         self.dimensions = settings.memory_openai_dimensions or 0
@@ -65,11 +78,21 @@ class OpenAIEmbedder:
         reraise=True,
     )
     def _post(self, texts: list[str]) -> list[list[float]]:
-        response = self.client.post(
-            f"{self.base}/embeddings", json={"model": self.model, "input": texts, **self.extra}
+        from workers.egress.client import egress_for
+
+        got = egress_for(self.settings).request(
+            "POST",
+            f"{self.base}/embeddings",
+            headers=self.headers,
+            json={"model": self.model, "input": texts, **self.extra},
+            max_bytes=self.MAX_BYTES,
+            timeout=httpx.Timeout(60.0, connect=10.0),
         )
-        response.raise_for_status()
-        data = sorted(response.json()["data"], key=lambda d: d["index"])
+        if got.status >= 400:
+            raise Answered(got.status, got.body.decode(errors="replace"))
+        if got.truncated:
+            raise EmbedderError(f"{self.base}: the answer is over {self.MAX_BYTES} bytes")
+        data = sorted(json.loads(got.body)["data"], key=lambda d: d["index"])
         return [[float(x) for x in d["embedding"]] for d in data]
 
     def embed_passages(self, texts: list[str]) -> list[list[float]]:
@@ -77,11 +100,11 @@ class OpenAIEmbedder:
         try:
             for i in range(0, len(texts), self.BATCH):
                 out.extend(self._post(texts[i : i + self.BATCH]))
-        except httpx.HTTPStatusError as exc:
-            raise EmbedderError(
-                f"{self.base} answered {exc.response.status_code}: {exc.response.text[:200]}"
-            ) from None
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
+        except Answered as exc:
+            raise EmbedderError(f"{self.base} {exc}") from None
+        except EgressError as exc:
+            raise EmbedderError(f"{self.base}: {exc}") from None
+        except (KeyError, ValueError, TypeError) as exc:
             raise EmbedderError(f"{self.base}: {type(exc).__name__}: {exc}") from None
         if out:
             self.dimensions = len(out[0])
@@ -125,7 +148,10 @@ def for_settings(settings: Settings) -> Embedder | None:
     with _lock:
         if key not in _made:
             _made[key] = make(settings)
-        return _made[key]
+        found = _made[key]
+        if isinstance(found, OpenAIEmbedder):
+            found.settings = settings  # the egress policy in force now
+        return found
 
 
 def make(settings: Settings) -> Embedder | None:

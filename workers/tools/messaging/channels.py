@@ -1,8 +1,9 @@
 """The four channel kinds, each speaking its provider's documented API: a signed JSON
 webhook, Slack (an incoming webhook, or chat.postMessage / chat.update with a bot token),
 Telegram's Bot API (sendMessage, sendDocument, editMessageText) and email (SMTP with
-STARTTLS). HTTP goes through the egress client. Secrets are read from the environment
-variable the channel names and never appear in what is returned or raised."""
+STARTTLS). HTTP goes through the egress client; SMTP connects only to an address the
+egress policy allows. Secrets are read from the environment variable the channel names
+and never appear in what is returned or raised."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hmac
 import json
 import os
 import smtplib
+import socket
 import ssl
 import time
 import uuid
@@ -18,11 +20,12 @@ from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import make_msgid
 from typing import Any
+from urllib.parse import quote
 
 from broker.config.settings import MessageChannel, Settings
 from broker.errors import RunError
-from workers.egress.client import egress_for
-from workers.egress.netguard import EgressError
+from workers.egress.client import checked_addresses, egress_for
+from workers.egress.netguard import EgressError, EgressPolicy
 
 SIGNATURE_HEADER = "X-Clawq-Signature"  # sha256=<hex HMAC of "<timestamp>.<body>">
 TIMESTAMP_HEADER = "X-Clawq-Timestamp"
@@ -86,9 +89,16 @@ class Channel:
         return value
 
     def redact(self, text: str) -> str:
+        """`text` without this channel's secrets, as they are and as a URL carries them
+        (a provider's error often quotes the request path, a bot token in it)."""
         for value in self.secrets:
-            text = text.replace(value, "***")
+            for form in {value, quote(value), quote(value, safe="")}:
+                text = text.replace(form, "***")
         return text
+
+    def fail(self, what: str, sent_maybe: bool = False) -> ChannelError:
+        """The error for `what` a provider said, redacted: it may echo what it was sent."""
+        return ChannelError(self.redact(f"{self.name}: {what}"), sent_maybe)
 
     def send(self, message: Outgoing) -> str:
         raise NotImplementedError
@@ -103,11 +113,10 @@ class Channel:
         try:
             got = egress_for(self.settings).request("POST", url, **kwargs)
         except EgressError as exc:
-            reason = self.redact(exc.reason)
             sent_maybe = exc.code != "url_not_allowed" and not any(
-                marker in reason.lower() for marker in NOT_SENT
+                marker in exc.reason.lower() for marker in NOT_SENT
             )
-            raise ChannelError(f"{self.name}: {reason}", sent_maybe=sent_maybe) from None
+            raise self.fail(exc.reason, sent_maybe) from None
         text = got.body.decode(errors="replace")
         try:
             return got.status, json.loads(text) if text.strip() else {}
@@ -134,7 +143,7 @@ class Webhook(Channel):
             headers[SIGNATURE_HEADER] = "sha256=" + digest
         status, answer = self.post(self.config.url, content=body, headers=headers)
         if not 200 <= status < 300:
-            raise ChannelError(f"{self.name}: the webhook answered {status}")
+            raise self.fail(f"the webhook answered {status}")
         return str(answer.get("id") or delivery) if isinstance(answer, dict) else delivery
 
     def send(self, message: Outgoing) -> str:
@@ -192,10 +201,10 @@ class Slack(Channel):
             headers={"Authorization": f"Bearer {token}"},
         )
         if status == 429:
-            raise ChannelError(f"{self.name}: Slack is rate limiting; try again later")
+            raise self.fail("Slack is rate limiting; try again later")
         if not isinstance(answer, dict) or not answer.get("ok"):
             error = answer.get("error") if isinstance(answer, dict) else f"HTTP {status}"
-            raise ChannelError(f"{self.name}: Slack {method} failed: {error}")
+            raise self.fail(f"Slack {method} failed: {error}")
         return answer
 
     def send(self, message: Outgoing) -> str:
@@ -206,7 +215,7 @@ class Slack(Channel):
         if not self.config.token_env:
             status, answer = self.post(self.config.url, json={"text": message.text})
             if status != 200:
-                raise ChannelError(f"{self.name}: the Slack webhook answered {status}: {answer}")
+                raise self.fail(f"the Slack webhook answered {status}: {answer}")
             return message.delivery_id  # an incoming webhook gives no message id
         if not message.target:
             raise ChannelError(f"{self.name}: a Slack send needs target (a channel id)")
@@ -235,7 +244,7 @@ class Telegram(Channel):
                 else None
             )
             hint = f"; retry after {retry} s" if retry else ""
-            raise ChannelError(f"{self.name}: Telegram {method} failed: {what}{hint}")
+            raise self.fail(f"Telegram {method} failed: {what}{hint}")
         result = answer.get("result")
         return result if isinstance(result, dict) else {}
 
@@ -288,7 +297,10 @@ class Email(Channel):
             )
         password = self.secret(c.password_env, "password") if c.username else ""
         try:
-            with smtplib.SMTP(c.host, c.port, timeout=self.settings.message_timeout_s) as smtp:
+            policy = EgressPolicy.from_settings(self.settings)
+            with GuardedSMTP(
+                policy, c.host, c.port, timeout=self.settings.message_timeout_s
+            ) as smtp:
                 smtp.ehlo()
                 if c.starttls:
                     context = ssl.create_default_context(cafile=c.ca_file or None)
@@ -297,6 +309,8 @@ class Email(Channel):
                 if c.username:
                     smtp.login(c.username, password)
                 smtp.send_message(mail)
+        except EgressError as exc:  # refused before connecting: nothing was sent
+            raise self.fail(exc.reason) from None
         except (
             smtplib.SMTPRecipientsRefused,
             smtplib.SMTPSenderRefused,
@@ -306,12 +320,23 @@ class Email(Channel):
             ConnectionRefusedError,
             ssl.SSLError,
         ) as exc:
-            raise ChannelError(f"{self.name}: {self.redact(_short(exc))}") from None
+            raise self.fail(_short(exc)) from None
         except (smtplib.SMTPException, OSError) as exc:  # it may have been accepted
-            raise ChannelError(
-                f"{self.name}: {self.redact(_short(exc))}", sent_maybe=True
-            ) from None
+            raise self.fail(_short(exc), sent_maybe=True) from None
         return str(mail["Message-ID"])
+
+
+class GuardedSMTP(smtplib.SMTP):
+    """SMTP connected only to an address the egress policy allows (the host resolved and
+    every answer checked, as for any request); STARTTLS still verifies the host's name."""
+
+    def __init__(self, policy: EgressPolicy, *args: Any, **kwargs: Any) -> None:
+        self.policy = policy
+        super().__init__(*args, **kwargs)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        found = checked_addresses(host, port, self.policy)
+        return socket.create_connection((found[0], port), timeout, self.source_address)
 
 
 KINDS: dict[str, type[Channel]] = {

@@ -3,8 +3,13 @@ thread of its own; a browser context per session, closed when idle or too old.
 
 Tool calls arrive on the worker's pool threads and run their coroutine on that loop
 (`Engine.call`), so sessions of many jobs share one browser without sharing state.
-Every request of every page is judged twice: at the route (scheme, host, domain lists)
-and at connect time by the local egress proxy (the addresses Chromium would reach).
+Every request of every page is judged twice: at the route (scheme, host, domain lists,
+an address written in the URL) and at connect time by the local egress proxy (the
+addresses Chromium would reach). Both ask for the policy in force when the request is
+made: a live change reaches the pages already open (`configure`, told by `workers.live`).
+WebRTC may send no UDP that bypasses the proxy, so STUN and TURN cannot reach around it.
+A canvas render runs no script and reaches nothing: every request is refused, and what
+connects without a request (a preconnect) meets a proxy that refuses everything.
 A download belongs to the session whose page made it: each session keeps its owner and
 the function that stores its downloads, never one shared by the whole process."""
 
@@ -21,7 +26,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from broker.config.settings import Settings
-from workers.egress.netguard import EgressError, EgressPolicy, check_url, parse_url
+from workers import live
+from workers.egress.client import Resolver
+from workers.egress.netguard import EgressError, EgressPolicy, check_target, parse_url
 from workers.egress.proxy import EgressProxy
 from workers.tool import ToolError
 
@@ -31,6 +38,8 @@ T = TypeVar("T")
 # what a page may load besides http(s): its own inline data, never local files or internals
 INLINE_SCHEMES = ("data:", "blob:", "about:")
 VIEWPORT = {"width": 1280, "height": 800}
+# WebRTC sends UDP only through a proxy, and ours takes none: no STUN or TURN around it
+WEBRTC_POLICY = "disable_non_proxied_udp"
 
 
 @dataclass
@@ -73,9 +82,11 @@ class Session:
 
 
 class Engine:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, resolver: Resolver | None = None) -> None:
         self.settings = settings
         self.policy = EgressPolicy.from_settings(settings)
+        self.resolver = resolver  # the proxies' name resolver (None: the system's)
+        self.nowhere = EgressProxy(lambda: None)  # where a canvas render's sockets go
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="browser", daemon=True)
         self.thread.start()
@@ -84,6 +95,13 @@ class Engine:
         self.playwright: Any = None
         self.reaper: asyncio.Task[None] | None = None
         self.call(self._start(), timeout=60)
+        live.subscribe(self.configure)
+
+    def configure(self, settings: Settings) -> None:
+        """The settings now in force: routes and proxies of every open session ask for
+        `self.policy` at each request, so the next one already follows them."""
+        self.settings = settings
+        self.policy = EgressPolicy.from_settings(settings)
 
     def call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         """Run `coro` on the browser's loop; a pool thread waits at most `timeout`."""
@@ -110,8 +128,10 @@ class Engine:
                 "--disable-dev-shm-usage",
                 "--disable-background-networking",
                 "--disable-features=AutofillServerCommunication,OptimizationHints,Translate",
+                f"--webrtc-ip-handling-policy={WEBRTC_POLICY}",
             ],
         )
+        await self.nowhere.start()
         self.reaper = self.loop.create_task(self._reap())
 
     async def _reap(self) -> None:
@@ -136,7 +156,11 @@ class Engine:
         if found is None and create:
             blocked: deque[str] = deque(maxlen=20)
             # a proxy per session: what it refuses is told to this session only
-            proxy = EgressProxy(self.policy, lambda host, why: blocked.append(f"{host}: {why}"))
+            proxy = EgressProxy(
+                lambda: self.policy,
+                lambda host, why: blocked.append(f"{host}: {why}"),
+                self.resolver,
+            )
             await proxy.start()
             context = await self.browser.new_context(
                 viewport=VIEWPORT,
@@ -160,7 +184,7 @@ class Engine:
             await route.continue_()
             return
         try:
-            check_url(parse_url(url), self.policy)
+            check_target(parse_url(url), self.policy)  # literal addresses as the proxy would
         except EgressError as exc:
             if session is not None:
                 session.blocked.append(f"{url[:200]}: {exc.reason}")
@@ -215,13 +239,21 @@ class Engine:
         return True
 
     async def render(self, html: str) -> bytes:
-        """A screenshot of `html` in a context that can load nothing from anywhere."""
-        context = await self.browser.new_context(viewport=VIEWPORT, offline=True)
+        """A screenshot of `html` in a context that runs no script and can reach nothing:
+        every request is refused at the route, and a socket opened without one (a
+        preconnect) goes to a proxy that refuses everything."""
+        context = await self.browser.new_context(
+            viewport=VIEWPORT,
+            offline=True,
+            java_script_enabled=False,
+            service_workers="block",
+            proxy={"server": self.nowhere.url},
+        )
         try:
             await context.route(
                 "**/*",
                 lambda route: (
-                    route.continue_()
+                    route.continue_()  # the document's own inline data is not the network
                     if route.request.url.startswith(INLINE_SCHEMES)
                     else route.abort("blockedbyclient")
                 ),
@@ -240,11 +272,13 @@ class Engine:
                 self.reaper.cancel()
             for key in list(self.sessions):
                 await self.close(key)
+            await self.nowhere.stop()
             if self.browser is not None:
                 await self.browser.close()
             if self.playwright is not None:
                 await self.playwright.stop()
 
+        live.unsubscribe(self.configure)
         try:
             self.call(_stop(), timeout=20)
         finally:
@@ -267,4 +301,6 @@ def engine_for_process(settings: Settings) -> Engine:
     with _engine_lock:
         if _engine is None:
             _engine = Engine(settings)
+        elif _engine.settings is not settings:  # a call brings the settings in force
+            _engine.configure(settings)
         return _engine

@@ -1,7 +1,9 @@
 """web_fetch: a URL's content as Markdown or text, through the guarded egress client.
 
 The whole extracted text is cached in Redis (15 min, shared by every web worker), keyed
-by the URL and the mode, so paging with `start_index` reuses it. The result is wrapped as
+by the URL and the mode, so paging with `start_index` reuses it. The policy in force (the
+live domain lists) is checked before the cache, for the URL and for where it led, so a
+domain blocked since is never served from it. The result is wrapped as
 untrusted content and says where it came from, what extracted it, and whether more
 remains. Permission is asked per domain: "allow always" stores `web_fetch(domain:host)`.
 """
@@ -15,7 +17,14 @@ import httpx
 from pydantic import Field
 
 from broker.protocol import Group
-from workers.egress.netguard import EgressError, EgressPolicy, check_url, domain_matches, parse_url
+from workers.egress.netguard import (
+    EgressError,
+    EgressPolicy,
+    check_target,
+    check_url,
+    domain_matches,
+    parse_url,
+)
 from workers.tool import (
     Permission,
     RuleKind,
@@ -98,7 +107,14 @@ class WebFetch(Tool[WebFetchInput]):
 
         settings = ctx.settings
         key = cache_key("fetch", args.url.strip(), args.extract_mode)
-        page: dict[str, Any] | None = cache_get(ctx.redis, key)
+        policy = EgressPolicy.from_settings(settings)  # the live lists, before the cache
+        try:
+            check_target(parse_url(args.url), policy)
+            page: dict[str, Any] | None = cache_get(ctx.redis, key)
+            if page is not None:  # where it was read from may have been blocked since
+                check_target(parse_url(page["final_url"]), policy)
+        except EgressError as exc:
+            return ToolResult.error(f"web_fetch refused ({exc.code}): {exc.reason}", code=exc.code)
         cached = page is not None
         if page is None:
             try:

@@ -1,0 +1,86 @@
+"""A worker follows live configuration before each call, not only when the change notice
+arrives: a call sent right after `config apply` runs under it, and its result is scrubbed
+of the secrets it names. The runtime here has no notice listener at all, so only the
+check at the call can have loaded the change."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from broker.config import live as live_config
+from broker.pg.store import Store
+from broker.protocol import CallContext, CallEnvelope
+from broker.redis import changes
+from broker.redis.ledger import Ledger
+from tests.conftest import Isolated
+from tests.sites import Reply, Seen, Site
+from workers.egress.client import egress_for
+from workers.execute import WorkerRuntime
+from workers.registry import default_registry
+from workers.scrub import Scrubber, secrets_of
+
+TOKEN = "tg-live-3Hq8Wv1Nc6Tx"  # no vendor pattern knows it: only the literal finds it
+
+
+@pytest.fixture
+def telegram() -> Iterator[Site]:
+    def echo(seen: Seen) -> Reply:
+        return Reply(200, json.dumps({"ok": True, "result": {"message_id": TOKEN}}).encode())
+
+    with Site({f"/bot{TOKEN}/sendMessage": echo}) as site:
+        yield site
+
+
+def test_a_change_applied_before_a_call_is_in_force_for_it(
+    isolated: Isolated, telegram: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_RELOAD_TG_TOKEN", TOKEN)
+    base = isolated.settings.model_copy(update={"web_private_allow": [telegram.endpoint]})
+    client = redis.Redis.from_url(base.redis_url)
+    runtime = WorkerRuntime(
+        base,
+        default_registry(),
+        "messaging",
+        "worker:test:1",
+        client,
+        Ledger(client, 600),
+        heartbeat=None,  # type: ignore[arg-type]  # not used by a call
+        scrub=Scrubber(secrets_of(base)),
+        base_settings=base,
+    )
+    runtime.follow_config()  # nothing applied yet: the environment rules
+    assert runtime.config_version == 0 and not runtime.settings.message_channels
+    store = Store(base.database_url)
+    channel = {"kind": "telegram", "token_env": "TEST_RELOAD_TG_TOKEN"}
+    channel |= {"api_base": telegram.url, "default_target": "42"}
+    live_config.LiveConfigStore(store.conn).apply(base, {"message_channels": {"tg": channel}}, "t")
+    store.close()
+    changes.announce(client, live_config.TOPIC)
+    outcome = runtime.run_call(envelope("send", {"channel": "tg", "text": "hi"}))
+    assert outcome is not None and not outcome.is_error, outcome
+    assert telegram.paths() == [f"/bot{TOKEN}/sendMessage"]  # the channel was in force
+    assert outcome.for_llm == "sent to tg:42; message id [REDACTED]"  # and its token known
+    assert TOKEN not in json.dumps(outcome.metadata)
+    runtime.store().close()
+    egress_for(runtime.settings).close()
+    client.close()
+
+
+def envelope(call_id: str, input_: dict[str, Any]) -> CallEnvelope:
+    return CallEnvelope(
+        call_id=call_id,
+        job_id="j",
+        session_id="s",
+        tool="message",
+        input=input_,
+        context=CallContext(workspace="/tmp"),
+        timeout_s=30,
+        deadline=time.time() + 60,
+        reply_to="test:replies",
+    )
