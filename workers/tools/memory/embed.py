@@ -33,7 +33,7 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> list[float]: ...
 
 
-class Answered(Exception):
+class Answered(RunError):
     """The provider answered with an error status."""
 
     def __init__(self, status: int, text: str) -> None:
