@@ -22,6 +22,14 @@ CATALOG_LOCK = 7_415_922_002
 _reads = SharedReads()
 
 
+class McpStoreError(Invalid):
+    """Bad input for the MCP store; the message says what to change."""
+
+
+class NotPending(Conflict, McpStoreError):
+    """An access request that is not (or no longer) waiting for a review."""
+
+
 class McpToolRow(BaseModel):
     """One tool of the catalog, as the model is shown it."""
 
@@ -155,7 +163,7 @@ class McpStore:
         by: str = "",
     ) -> None:
         if self.server(server) is None:
-            raise Invalid(f"no MCP server '{server}'")
+            raise McpStoreError(f"no MCP server '{server}'")
         self.conn.execute(
             UPSERT_GRANT, (server, scope, subject, Jsonb(allow or []), Jsonb(deny or []), by)
         )
@@ -184,7 +192,7 @@ class McpStore:
         self, server: str, scope: str, subject: str, allow: list[str], reason: str, by: str
     ) -> str:
         if self.server(server) is None:
-            raise Invalid(f"no MCP server '{server}'")
+            raise McpStoreError(f"no MCP server '{server}'")
         request_id = uuid.uuid4().hex[:12]
         self.conn.execute(
             "INSERT INTO mcp_access_requests"
@@ -212,7 +220,7 @@ class McpStore:
                 ("approved" if approve else "rejected", by, request_id),
             ).fetchone()
             if row is None:
-                raise Conflict(f"no pending access request '{request_id}'")
+                raise NotPending(f"no pending access request '{request_id}'")
             request = AccessRequest.model_validate(row)
             if approve:
                 self.conn.execute(
