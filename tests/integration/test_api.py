@@ -313,7 +313,8 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
     for n, text in enumerate(nasty):
         out = outputs[f"c{n}"]
         assert not out.is_error and out.queue == "runtime", out.output
-        assert out.output.startswith(f"[{text}]\n[]\n"), out.output  # literal; other empty
+        # literal; the missing optional `other` drops its word (issue 30: 8)
+        assert out.output == f"[{text}]\n[exit code 0]", out.output
     assert outputs["none"].is_error and "text" in outputs["none"].output  # the schema refused
     assert outputs["none"].worker == "orchestrator"
     assert not list(workspace.rglob("pwned"))
@@ -355,7 +356,14 @@ def test_a_template_with_an_undeclared_key_is_refused_when_defined(
         "message": "name: exec is a native tool's name",
         "field": "name",
     }
-    (tmp_path / "t.json").write_text(json.dumps(bad))
+    injecting = {**bad, "command": 'printf "%s|" "got: {{.a}}"'}  # issue 27: 1
+    refused = define(api, keys["admin"], injecting)
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "command"
+    assert refused.json()["error"]["message"].startswith(
+        "command: {{.a}} is inside double quotes beside other text"
+    )
+    for name, definition in [("t", bad), ("i", injecting)]:
+        (tmp_path / f"{name}.json").write_text(json.dumps(definition))
     cli = subprocess.run(
         [*CLAWQ, "tools", "add", str(tmp_path / "t.json")],
         env={**os.environ, **cluster.env},
@@ -363,6 +371,13 @@ def test_a_template_with_an_undeclared_key_is_refused_when_defined(
         text=True,
     )
     assert cli.returncode == 2 and "undeclared parameters: {{.b}}" in cli.stderr
+    cli = subprocess.run(
+        [*CLAWQ, "tools", "add", str(tmp_path / "i.json")],
+        env={**os.environ, **cluster.env},
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 2 and "{{.a}} is inside double quotes" in cli.stderr
     assert cluster.client.custom_tools.list() == [] or all(
         t.name != "bad_tool" for t in cluster.client.custom_tools.list()
     )

@@ -162,11 +162,13 @@ def run_shell(
     working_dir: str,
     timeout: float,
     env: dict[str, str] | None = None,
+    judged: str | None = None,
 ) -> ToolResult:
     """Judge `command` again (the queue is a trust boundary), then run it in the sandbox
     or confined on this host, with `env` added, its output capped; exec and custom tools
-    both run this way."""
-    if finding := judge_line(command, working_dir):
+    both run this way (a custom tool's line is judged as its preview, `judged`: its
+    values quoted where the command reads them from `env`)."""
+    if finding := judge_line(command if judged is None else judged, working_dir):
         raise ToolError(finding.message())
     ws = workspace(ctx)
     cwd = ws.resolve(working_dir)
@@ -181,7 +183,7 @@ def run_shell(
         host = host_argv(ctx, ws.root, cwd, command, tied=True)
         cap = ctx.settings.exec_output_cap_bytes
         done = _on_host(host, cwd, timeout, cap, ctx.cancelled, env or {})
-    return _result(command, done, timeout, time.monotonic() - started)
+    return _result(judged or command, done, timeout, time.monotonic() - started)
 
 
 class HostCommand(NamedTuple):
