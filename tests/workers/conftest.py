@@ -22,12 +22,16 @@ class Runner:
         self.registry = default_registry()
         self.writable: list[str] = []
         self.network = network
+        self.confined = False  # allowed only because commands run confined
         self.cancelled: Callable[[], str | None] = lambda: None
 
     def __call__(self, name: str, **raw: Any) -> ToolResult:
         ctx = ToolContext(
             context=CallContext(
-                workspace=str(self.workspace), writable_paths=self.writable, network=self.network
+                workspace=str(self.workspace),
+                writable_paths=self.writable,
+                network=self.network,
+                confined=self.confined,
             ),
             settings=self.settings,
             cancelled=self.cancelled,

@@ -290,3 +290,61 @@ def test_the_probe_reports_why_bubblewrap_cannot_run(tmp_path: Path) -> None:
     reason = confine.probe(str(fake), ())
     assert reason == "bubblewrap failed: bwrap: No permissions to create new namespace"
     assert confine.probe(sys.executable, ()) != ""  # not a bubblewrap at all
+
+
+def test_a_target_the_line_cannot_say_runs_confined_and_stays_inside(
+    workspace: Path, outside: Path
+) -> None:
+    """Issue 27: 5. Allowed without approval because it runs confined: wherever the
+    variable points, the command changes nothing outside the workspace."""
+    confined()
+    (outside / "keep.txt").write_text("original")
+    (workspace / "where").write_text(str(outside))
+    run_tool = Runner(workspace, Settings())
+    run_tool.confined = True
+    result = run_tool(
+        "exec", command='d=$(cat where); rm -rf "$d"/keep.txt; touch "$d"/made; mkdir -p out'
+    )
+    assert result.metadata["where"] == "host (bwrap)"
+    assert "Read-only file system" in result.for_llm, result.for_llm
+    assert (outside / "keep.txt").read_text() == "original"
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (workspace / "out").is_dir()  # the workspace is the command's to change
+
+
+def test_a_call_allowed_because_it_runs_confined_never_runs_unconfined(workspace: Path) -> None:
+    run_tool = Runner(workspace, Settings(exec_confinement="none"))
+    run_tool.confined = True
+    refused = run_tool("exec", command='d=$(cat where); touch "$d"/x; touch ran')
+    assert refused.is_error and refused.for_llm.startswith(
+        "not run: this command was allowed without approval because commands run confined"
+    )
+    assert not (workspace / "ran").exists()
+    run_tool.confined = False  # approved by a person: it runs where it is
+    assert not run_tool("exec", command="touch ran").is_error
+    assert (workspace / "ran").exists()
+
+
+def test_the_result_says_which_named_path_the_sandbox_does_not_show(
+    workspace: Path, outside: Path
+) -> None:
+    """`perl -e 'system("rm -rf ../x")'` 'succeeds' in the sandbox, where ../x is not
+    there (the host's /tmp is private); the model is told, and ../x is untouched."""
+    confined()
+    sibling = workspace.parent / "x"
+    (sibling / "data").mkdir(parents=True)
+    command = "perl -e 'system(\"rm -rf ../x\")'"
+    result = Runner(workspace, Settings())("exec", command=command)
+    assert not result.is_error and result.metadata["where"] == "host (bwrap)"
+    assert result.for_llm.endswith(
+        "[exit code 0]\n[note: ../x is outside the workspace and not visible in the sandbox "
+        "(a confined command sees the workspace, a private /tmp and the system read-only), so "
+        "the command neither read nor changed it]"
+    ), result.for_llm
+    assert (sibling / "data").is_dir()
+    hidden = Runner(workspace, Settings())("exec", command="cat /etc/shadow ~/.ssh/x || true")
+    assert "[note: /etc/shadow is outside" in hidden.for_llm, hidden.for_llm
+    visible = Runner(workspace, Settings())("exec", command=f"ls {outside} /usr/bin/env")
+    assert "[note:" not in visible.for_llm  # seen read-only: nothing to explain
+    unconfined = Runner(workspace, Settings(exec_confinement="none"))
+    assert "[note:" not in unconfined("exec", command="ls ../x").for_llm

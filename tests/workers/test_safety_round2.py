@@ -1,14 +1,17 @@
 """Shell safety, round 2: the forms that got past pattern checks, each category both ways.
 
-Three outcomes: refused (with its category), asked (nothing known to be dangerous, but
-the targets cannot be known), and allowed (routine work inside the workspace). Every
-line here is only parsed, never run.
+Three outcomes: refused (with its category), unknown (nothing known to be dangerous, but
+the targets cannot be known: it runs confined, and is asked where commands run
+unconfined), and allowed (routine work inside the workspace). Every line here is only
+parsed, never run.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from orchestrator.permissions import decide
+from orchestrator.rules import Rule
 from workers.registry import default_registry
 from workers.safety import judge, judge_line
 from workers.shell import parse_shell
@@ -27,8 +30,6 @@ REFUSED = [
     ("pushd .. && rm -rf ws2", D),
     ("cd sub; cd ..; cd ..; rm -rf x", D),
     ("cd ~ && rm -rf projects", D),
-    ("cd - && rm -rf x", D),
-    ('cd "$DIR" && rm -rf out', D),
     ("cd .. && echo x > notes.txt", W),
     ("cd ../other && touch x", W),
     ("builtin cd .. && rm -rf ws2", D),
@@ -112,6 +113,9 @@ REFUSED = [
 ]
 
 ASKED = [
+    "cd - && rm -rf x",  # refused before issue 27: 5; where `cd -` goes the line does not say
+    'cd "$DIR" && rm -rf out',
+    'rm -rf "$TMP"/build',
     "echo DIR | xargs rm -rf",
     "xargs rm -rf < list",
     "find . -name '*.tmp' | xargs rm -f",
@@ -202,11 +206,20 @@ def test_refused(line: str, category: str) -> None:
 
 
 @pytest.mark.parametrize("line", ASKED)
-def test_unknown_targets_are_asked_about(line: str) -> None:
+def test_unknown_targets_run_confined_and_are_asked_unconfined(line: str) -> None:
     assert judge_line(line) is None
     verdict = _ask_reason(line)
-    assert verdict is not None and verdict[0] == "ask", line
-    assert "cannot be checked" in verdict[1]
+    assert verdict is not None and verdict[0] == "confined", line
+    assert "cannot be checked" in verdict[1] or "not known until it runs" in verdict[1]
+    tool = default_registry().get("exec")
+    assert tool is not None
+    args = tool.input_model.model_validate({"command": line})
+    rules = [Rule.parse("exec", "allow", "job")]
+    confined = decide(tool, args, rules, "default", "/ws", contained=True)
+    assert (confined.behavior, confined.confined) == ("allow", True)
+    unconfined = decide(tool, args, rules, "default", "/ws", contained=False)
+    assert (unconfined.behavior, unconfined.layer, unconfined.confined) == ("ask", "tool", False)
+    assert unconfined.reason == f"{verdict[1]}; commands here run unconfined, so it is asked"
 
 
 @pytest.mark.parametrize("line", ALLOWED)
@@ -234,5 +247,5 @@ def test_a_refusal_after_a_cd_says_where_the_path_points() -> None:
 
 
 def test_the_corpus_covers_every_form_of_the_issue() -> None:
-    assert len(REFUSED) >= 80 and len(ASKED) >= 8 and len(ALLOWED) >= 55
+    assert len(REFUSED) >= 79 and len(ASKED) >= 11 and len(ALLOWED) >= 55
     assert {category for _, category in REFUSED} == {D, W, S, P}

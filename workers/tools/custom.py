@@ -26,13 +26,13 @@ from broker.settings import Settings
 from workers.registry import Registry
 from workers.template import Template, TemplateError, check, value_text
 from workers.tool import (
-    Permission,
     SideEffect,
     Tool,
     ToolContext,
     ToolError,
     ToolInput,
     ToolResult,
+    Verdict,
 )
 from workers.tools.runtime import Exec, ExecInput
 
@@ -89,7 +89,7 @@ class CustomToolBase(Tool[CustomInput]):
             "(clawq tools add)"
         )
 
-    def permission_check(self, args: CustomInput, workspace: str) -> tuple[Permission, str] | None:
+    def permission_check(self, args: CustomInput, workspace: str) -> tuple[Verdict, str] | None:
         if self.template is None:
             return "deny", self.refusal()
         return _EXEC.permission_check(self.rendered(args), workspace)
