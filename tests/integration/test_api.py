@@ -287,7 +287,7 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
     }
     created = define(api, keys["admin"], echo)
     assert created.status_code == 201, created.text
-    defined_at = time.monotonic()
+    defined_at = time.time()
     nasty = [
         "; touch pwned",
         "$(touch pwned)",
@@ -306,8 +306,12 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
             {"text": "called"},
         ),
     )
-    assert time.monotonic() - defined_at < 1.0  # submitted at once: nothing to wait for
     result = job.wait(timeout=60)
+    # the job after the definition has the tool: its first call was queued to a worker
+    # within a second of the PUT (no cache to expire, no restart)
+    queued = [e for e in job.events() if e.type == "tool_call_queued"]
+    assert queued and queued[0].data["call_id"] == "c0"
+    assert queued[0].at - defined_at < 1.0, queued[0].at - defined_at
     assert result.status == "completed", result
     outputs = {c.id: c for c in result.tool_calls}
     for n, text in enumerate(nasty):
@@ -318,8 +322,10 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
     assert outputs["none"].is_error and "text" in outputs["none"].output  # the schema refused
     assert outputs["none"].worker == "orchestrator"
     assert not list(workspace.rglob("pwned"))
-    # disabled: the next job does not have it
+    # disabled: the next job does not have it; its orchestrator refuses the call, which
+    # no worker sees
     assert http(api, keys["admin"]).post("/v1/custom-tools/echo_args/disable").status_code == 204
+    disabled_at = time.time()
     later = cluster.client.submit(
         "again",
         workspace=str(workspace),
@@ -328,6 +334,11 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
     )
     (gone,) = later.wait(timeout=60).tool_calls
     assert gone.is_error and gone.output.startswith("Unknown tool 'echo_args'")
+    assert gone.worker == "orchestrator" and gone.queue in ("", None), gone
+    (denied,) = [e for e in later.events() if e.type == "tool_call_denied"]
+    assert denied.data["call_id"] == "c" and denied.data["layer"] == "validation"
+    assert denied.at - disabled_at < 1.0, denied.at - disabled_at
+    assert not [e for e in later.events() if e.type == "tool_call_queued"]
 
 
 def test_a_template_with_an_undeclared_key_is_refused_when_defined(
