@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobResult, JobSpec
-from tests.integration.conftest import Cluster, call, script, serve_api, start_cluster
+from tests.integration.conftest import (
+    Cluster,
+    call,
+    script,
+    serve_api,
+    start_cluster,
+    wait_until,
+)
 from tests.sites import Reply, Site, redirect
 
 FORM = (
@@ -336,9 +343,13 @@ def test_a_killed_ui_worker_makes_the_next_call_report_the_lost_session(
 
     with redis.Redis.from_url(cluster.iso.redis_url) as r:
         pin = json.loads(r.get(keys.pin(session, "browser")) or b"{}")
-    pid = int(pin["proc"].rsplit(":", 1)[1])  # the ui worker process holding the session
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(cluster.iso.settings.heartbeat_ttl_s + 0.5)  # its heartbeat runs out
+        pid = int(pin["proc"].rsplit(":", 1)[1])  # the ui worker process holding the session
+        os.kill(pid, signal.SIGKILL)
+        wait_until(  # its heartbeat runs out: the orchestrator's test of a live pin
+            lambda: not r.exists(keys.proc(pin["proc"])),
+            cluster.iso.settings.heartbeat_ttl_s + 30,
+            "the killed worker's heartbeat gone",
+        )
     started = time.monotonic()
     result = in_session(cluster, session, workspace, browser("s", action="snapshot"))
     (lost,) = result.tool_calls

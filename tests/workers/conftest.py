@@ -40,5 +40,18 @@ class Runner:
 
 
 @pytest.fixture
+def day(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """The quotas' UTC day, pinned (a test that spends a quota must not cross midnight);
+    call it to move to another day."""
+    from workers.tools.web import shared
+
+    def set_day(value: str) -> None:
+        monkeypatch.setattr(shared, "utc_day", lambda: value)
+
+    set_day("20260601")
+    return set_day
+
+
+@pytest.fixture
 def run_tool(workspace: Path) -> Runner:
     return Runner(workspace, Settings())
