@@ -1,8 +1,10 @@
 """Managing custom tools (CLI and API): define, list, show, disable, remove.
 
 Every check happens here, before anything is stored: the definition itself
-(`broker.custom_tools.CustomToolSpec`), a name that no native or MCP tool has, a timeout
-within the setting, secrets only with a key to seal them. Every change is announced
+(`broker.custom_tools.CustomToolSpec`), its template (every placeholder a whole word that
+is data, never code: `workers.template`), a name that no native or MCP tool has, a timeout
+within the setting, secrets only with a key to seal them. A stored tool whose template
+breaks the rule is listed and shown with its `problem`. Every change is announced
 (topic `custom_tools`), which the next job of every orchestrator and every call on every
 worker sees.
 """
@@ -64,7 +66,12 @@ class CustomAdmin:
     def put(self, config: dict[str, Any] | str | Path | CustomToolSpec) -> CustomTool:
         spec = config if isinstance(config, CustomToolSpec) else spec_from(config)
         from workers.registry import default_registry
+        from workers.template import TemplateError, check
 
+        try:
+            check(spec.command, spec.parameters)
+        except TemplateError as exc:
+            raise CustomAdminError(f"command: {exc}") from None
         if spec.name in default_registry():
             raise CustomAdminError(f"name: {spec.name} is a native tool's name")
         if spec.name.startswith("mcp_") or spec.name in {
@@ -84,14 +91,14 @@ class CustomAdmin:
         return stored
 
     def list(self) -> list[CustomTool]:
-        return self.tools.all()
+        return [_checked(t) for t in self.tools.all()]
 
     def show(self, name: str, agent_id: str = "") -> CustomTool:
         found = self.tools.get(name, agent_id)
         if found is None:
             of = f" of agent {agent_id}" if agent_id else ""
             raise CustomAdminError(f"no custom tool '{name}'{of}")
-        return found
+        return _checked(found)
 
     def enable(self, name: str, agent_id: str = "", enabled: bool = True) -> None:
         if not self.tools.set_enabled(name, agent_id, enabled):
@@ -102,3 +109,10 @@ class CustomAdmin:
         if not self.tools.remove(name, agent_id):
             raise CustomAdminError(f"no custom tool '{name}'")
         self.notify()
+
+
+def _checked(tool: CustomTool) -> CustomTool:
+    """The stored tool with why it cannot run, if its template breaks the rule."""
+    from workers.tools.custom import template_of
+
+    return tool.model_copy(update={"problem": template_of(tool)[1]})

@@ -51,6 +51,7 @@ from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.rules import RuleError
 from orchestrator.task_events import AgentTaskEvents
 from orchestrator.turn import TurnCalls
+from workers.confine import contains
 from workers.registry import Registry
 from workers.tools.mcp import tool_class
 
@@ -161,6 +162,7 @@ class JobRun:
             s.settings.approval_timeout_s,
             self.emit,
             exec_approvals(s.settings)[1],
+            contains(s.settings),
         )
 
     async def emit(self, type_: EventType, **data: Any) -> None:
@@ -527,6 +529,7 @@ class JobRun:
                     writable_paths=ready.writable,
                     hidden_paths=self.hidden,
                     network=self.network,
+                    confined=ready.confined,
                 ),
                 timeout_s=timeout,
                 deadline=time.time() + self.s.settings.visibility_timeout_s,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -39,6 +40,11 @@ HOME_SECRETS = (".ssh", ".aws", ".config", ".gnupg", ".kube", ".docker", ".netrc
 # root keeps only what writing the workspace's files needs (they may belong to others)
 ROOT_CAPS = ("CAP_DAC_OVERRIDE", "CAP_CHOWN", "CAP_FOWNER")
 PROBE_TIMEOUT_S = 10.0
+PRIVATE = ("/tmp", "/dev/shm")  # empty and private in the sandbox
+# a path in a command's text: absolute, from home, or leaving by `..` (inside quoted code too)
+PATH_WORD = re.compile(
+    r"""(?:^|(?<=[\s'"=(:;|&<>`,]))(~?/[^\s'"();|&<>`,]*|\.\.(?:/[^\s'"();|&<>`,]*)?)"""
+)
 # bubblewrap's --die-with-parent leaves a window of a few milliseconds after its start in
 # which a killed worker leaves the sandbox running, reparented to init (measured: 9 of 10
 # sandboxes survived a kill 6 ms after the spawn), and a redelivered call would then run
@@ -200,6 +206,32 @@ def probe(bwrap: str, hidden: tuple[str, ...]) -> str:
         detail = done.stderr.decode(errors="replace").strip().splitlines()
         return f"bubblewrap failed: {detail[-1] if detail else f'exit {done.returncode}'}"
     return ""
+
+
+def contains(settings: Settings) -> bool:
+    """Whether commands run contained here: in the sandbox, or under bubblewrap that
+    works. The orchestrator's answer stands for its workers' (one image, one setting); a
+    worker that does not confine refuses a call allowed on it (`CallContext.confined`)."""
+    return settings.sandbox_enabled or for_settings(settings).confined
+
+
+def unseen(confinement: Confinement, command: str, workspace: str, cwd: str) -> list[str]:
+    """Paths `command` names that exist on this host but that a confined command does not
+    see: under a hidden path or the private /tmp. A command that `succeeds` on one (`rm
+    -rf ../x` where `..` is an empty /tmp) changed nothing, and the model must be told."""
+    if not confinement.confined:
+        return []
+    ws = os.path.realpath(workspace)
+    found: dict[str, None] = {}
+    for token in PATH_WORD.findall(command):
+        token = token.rstrip(",")
+        home = token.startswith("~")
+        path = os.path.normpath(os.path.expanduser(token) if home else os.path.join(cwd, token))
+        if _under(path, ws) or not os.path.lexists(path):
+            continue
+        if any(_under(path, h) for h in (*confinement.hidden, *PRIVATE)):
+            found.setdefault(token, None)
+    return list(found)[:3]
 
 
 def describe(confinement: Confinement) -> str:
