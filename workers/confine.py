@@ -6,8 +6,9 @@ Code confine theirs). Under bubblewrap (`CLAWQ_EXEC_CONFINEMENT=auto|bwrap`):
 
 - the filesystem is read-only except the job's workspace and a private `/tmp`;
 - the worker's home, `/root`, `/home`, `/run` (service sockets: Docker, PostgreSQL) and
-  secret files (`CLAWQ_EXEC_HIDDEN_PATHS`) are empty or gone; the environment is the
-  short list `exec` passes;
+  secret files (`CLAWQ_EXEC_HIDDEN_PATHS`) are empty or gone, and so are other users'
+  workspaces (the workspace roots, the job's own bound back), artifact files and
+  downloads; the environment is the short list `exec` passes;
 - the command has a PID namespace of its own, so `kill -9 -1` reaches only its own tree,
   and no capabilities (as root, only those to own and write files of the workspace);
 - there is no network unless the job or its agent allows it (an allow rule `network`,
@@ -149,13 +150,19 @@ def _under(path: str, root: str) -> bool:
 
 
 def hidden_paths(settings: Settings) -> tuple[str, ...]:
-    """What a confined command must not see: the settings' list, the worker's home and
-    clawq's own state directories, resolved (a symlink like /var/run is its target)."""
+    """What a confined command must not see: the settings' list, the worker's home,
+    clawq's own state directories, and what belongs to users: the workspace roots (every
+    user's workspaces; the job's own is bound back over them), artifact files and browser
+    downloads. Resolved (a symlink like /var/run is its target)."""
     candidates = [
         *settings.exec_hidden_paths,
         os.path.expanduser("~"),
         settings.process_state_dir,
         os.environ.get("CLAWQ_HOME", ""),
+        settings.workspace_root,
+        *granted_roots(settings),
+        settings.artifact_dir,
+        settings.browser_download_dir,
     ]
     seen: dict[str, None] = {}
     for path in candidates:
@@ -163,6 +170,19 @@ def hidden_paths(settings: Settings) -> tuple[str, ...]:
         if real and not _under("/usr", real):  # a home of `/` must not hide the system
             seen.setdefault(real, None)
     return tuple(seen)
+
+
+def granted_roots(settings: Settings) -> list[str]:
+    """The workspace roots admins granted in users' ceilings, as the directories that hold
+    every user's: `/srv/shared/{user}` is `/srv/shared`."""
+    roots = []
+    for ceiling in settings.user_ceilings.values():
+        for root in ceiling.workspace_roots:
+            head, templated, _ = root.partition("{user}")
+            if templated:
+                head = head.rstrip("/") if head.endswith("/") else os.path.dirname(head)
+            roots.append(head)
+    return roots
 
 
 def for_settings(settings: Settings) -> Confinement:

@@ -396,3 +396,48 @@ def test_every_hidden_path_is_empty_or_gone_from_inside(workspace: Path, outside
         seen = out.split("END")[0].strip()
         assert seen in ("", "0"), (path, out)
     assert "TOP SECRET" not in inside(workspace, f"cat {outside}/secret.txt; true", settings)
+
+
+def test_other_users_workspaces_artifacts_and_granted_roots_are_not_visible(
+    outside: Path,
+) -> None:
+    """A job sees its own workspace and none of the others under the roots (issue 26):
+    the roots are hidden and the job's workspace is bound back over them."""
+    root, shared, artifacts = outside / "workspaces", outside / "shared", outside / "artifacts"
+    for user in ("alice", "bob"):
+        (root / user).mkdir(parents=True)
+        (shared / user).mkdir(parents=True)
+        (root / user / "mine.txt").write_text(f"{user}'s")
+        (shared / user / "mine.txt").write_text(f"{user}'s shared")
+    (artifacts / "ab").mkdir(parents=True)
+    (artifacts / "ab" / "abcdef").write_text("alice's artifact")
+    settings = Settings(
+        workspace_root=str(root),
+        artifact_dir=str(artifacts),
+        user_ceilings={"*": {"workspace_roots": [f"{shared}/{{user}}"]}},
+    )
+    assert confine.granted_roots(settings) == [str(shared)]
+    for workspace in (root / "bob", shared / "bob"):
+        run_tool = Runner(workspace, settings)
+        own = run_tool("exec", command="cat mine.txt")
+        assert not own.is_error and own.for_llm.startswith("bob's"), own.for_llm
+        for command in [
+            f"cat {root}/alice/mine.txt",
+            f"cat {shared}/alice/mine.txt",
+            f"cat {artifacts}/ab/abcdef",
+        ]:
+            result = run_tool("exec", command=command)
+            assert result.is_error and "alice's" not in result.for_llm, (command, result.for_llm)
+        listing = run_tool("exec", command=f"ls {root} {shared}").for_llm
+        assert "alice" not in listing, listing
+    assert (root / "alice" / "mine.txt").read_text() == "alice's"
+
+
+def test_a_granted_root_names_the_directory_that_holds_every_users() -> None:
+    ceilings = {
+        "*": {"workspace_roots": ["/srv/a/{user}", "/srv/b/ws-{user}", "/srv/c", "/{user}"]}
+    }
+    roots = confine.granted_roots(Settings(user_ceilings=ceilings))
+    assert roots == ["/srv/a", "/srv/b", "/srv/c", ""]
+    hidden = confine.hidden_paths(Settings(user_ceilings=ceilings))
+    assert "/srv/a" in hidden and "/" not in hidden  # `/{user}` never hides the system
