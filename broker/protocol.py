@@ -69,6 +69,10 @@ class CallContext(BaseModel):
         default_factory=list, description="workspace globs that read tools must not read"
     )
     network: bool = Field(False, description="confined commands may use the network")
+    confined: bool = Field(
+        False,
+        description="allowed only because commands run confined: never run it unconfined",
+    )
 
 
 class CallEnvelope(BaseModel):

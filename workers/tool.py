@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from broker.pg.store import Store
 
 Permission = Literal["allow", "ask", "deny"]
+# a tool's own verdict; "confined": allowed only where commands run confined, else asked
+Verdict = Literal["allow", "ask", "deny", "confined"]
 RuleKind = Literal["allow", "ask", "deny"]
 
 
@@ -161,7 +163,7 @@ class Tool(Generic[InputT]):
         that asks to navigate but not to click) says so per call."""
         return self.default_permission
 
-    def permission_check(self, args: InputT, workspace: str) -> tuple[Permission, str] | None:
+    def permission_check(self, args: InputT, workspace: str) -> tuple[Verdict, str] | None:
         """A tool-specific verdict (e.g. an unparseable command asks), or None."""
         return None
 

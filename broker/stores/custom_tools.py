@@ -1,20 +1,19 @@
 """Custom tools (goclaw §8): shell templates defined at run time, stored in PostgreSQL.
 
-A definition is checked when it is made, not when it first runs: its parameters must be
-a JSON Schema (checked against the metaschema by `jsonschema`) of an object, and its
-command may only name declared parameters (`{{.key}}`). Rendering replaces every
-placeholder in one pass with the shell-quoted argument, so an argument is never read as a
-template and a missing optional one is an empty quoted string. Env secrets are sealed
-(`broker.config.secretbox`) with the tool's id as associated data; what is stored and shown is
-only their names. A change bumps the `custom_tools` version (`broker.redis.changes`), which
-every orchestrator and worker compares before using what it cached.
-"""
+A definition is checked when it is made, not when it first runs: its parameters must be a
+JSON Schema (checked against the metaschema by `jsonschema`) of an object, and its command
+may only name declared parameters (`{{.key}}`). Where a placeholder may stand, and how a
+call's values reach the command (in the environment, never spliced into the line), is
+`workers.tools.custom_tools.template`'s, checked by the administration before anything is
+stored. Env secrets are sealed (`broker.config.secretbox`) with the tool's id as associated
+data; what is stored and shown is only their names. A change bumps the `custom_tools`
+version (`broker.redis.changes`), which every orchestrator and worker compares before using
+what it cached."""
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import uuid
 from datetime import datetime
 from typing import Any
@@ -30,6 +29,7 @@ from broker.pg.store import Store
 TOPIC = "custom_tools"
 PLACEHOLDER = re.compile(r"\{\{\s*\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ARG_PREFIX = "CLAWQ_ARG_"  # a call's values: workers.tools.custom_tools.template
 COLUMNS = (
     "id, name, agent_id, description, parameters, command, timeout_seconds, working_dir,"
     " env_names, env_sealed, enabled, version, updated_at"
@@ -86,6 +86,9 @@ class CustomToolSpec(BaseModel):
         bad = [k for k in value if not ENV_NAME.match(k)]
         if bad:
             raise ValueError(f"env names must be identifiers: {', '.join(bad)}")
+        taken = [k for k in value if k.startswith(ARG_PREFIX)]
+        if taken:
+            raise ValueError(f"env names starting {ARG_PREFIX} carry arguments: {', '.join(taken)}")
         return value
 
     @model_validator(mode="after")
@@ -117,24 +120,10 @@ class CustomTool(BaseModel):
     enabled: bool = True
     version: int = 1
     updated_at: datetime | None = None
-
-    def render(self, arguments: dict[str, Any]) -> str:
-        """The command with every placeholder replaced by its quoted argument, in one pass
-        over the template (a value containing `{{.x}}` stays literal)."""
-
-        def value(match: re.Match[str]) -> str:
-            raw = arguments.get(match.group(1))
-            if raw is None:
-                return "''"
-            if isinstance(raw, bool):
-                return "true" if raw else "false"
-            if isinstance(raw, int | float):
-                return shlex.quote(str(raw))
-            if isinstance(raw, str):
-                return shlex.quote(raw)
-            return shlex.quote(json.dumps(raw, ensure_ascii=False))
-
-        return PLACEHOLDER.sub(value, self.command)
+    # why a stored tool cannot run: its template breaks the rule of
+    # `workers.tools.custom_tools.template` (it was stored before templates were checked);
+    # filled in where it is read
+    problem: str = ""
 
     def validate_arguments(self, arguments: dict[str, Any]) -> None:
         """Raise `CustomToolError` naming the first argument the schema refuses."""

@@ -1,8 +1,11 @@
 """Managing custom tools (CLI and API): define, list, show, disable, remove.
 
 Every check happens here, before anything is stored: the definition itself
-(`broker.stores.custom_tools.CustomToolSpec`), a name that no native or MCP tool has, a timeout
-within the setting, secrets only with a key to seal them. Every change is announced
+(`broker.stores.custom_tools.CustomToolSpec`), its template (every placeholder a whole word
+that is data, never code: `workers.tools.custom_tools.template`), a name that no native or
+MCP tool has, a timeout within the setting, secrets only with a key to seal them. A stored
+tool whose template breaks the rule is listed and shown with its `problem`. Every change
+is announced
 (topic `custom_tools`), which the next job of every orchestrator and every call on every
 worker sees.
 """
@@ -51,6 +54,12 @@ class CustomAdmin:
     def put(self, config: dict[str, Any] | str | Path | CustomToolSpec) -> CustomTool:
         spec = config if isinstance(config, CustomToolSpec) else spec_from(config)
         from workers.registry import default_registry
+        from workers.tools.custom_tools.template import TemplateError, check
+
+        try:
+            check(spec.command, spec.parameters)
+        except TemplateError as exc:
+            raise Invalid(f"command: {exc}", field="command") from None
 
         if spec.name in default_registry():
             raise Invalid(f"name: {spec.name} is a native tool's name", field="name")
@@ -72,14 +81,14 @@ class CustomAdmin:
         return stored
 
     def list(self) -> list[CustomTool]:
-        return self.tools.all()
+        return [_checked(t) for t in self.tools.all()]
 
     def show(self, name: str, agent_id: str = "") -> CustomTool:
         found = self.tools.get(name, agent_id)
         if found is None:
             of = f" of agent {agent_id}" if agent_id else ""
             raise NotFound(f"no custom tool '{name}'{of}")
-        return found
+        return _checked(found)
 
     def enable(self, name: str, agent_id: str = "", enabled: bool = True) -> None:
         if not self.tools.set_enabled(name, agent_id, enabled):
@@ -90,3 +99,10 @@ class CustomAdmin:
         if not self.tools.remove(name, agent_id):
             raise NotFound(f"no custom tool '{name}'")
         self.notify()
+
+
+def _checked(tool: CustomTool) -> CustomTool:
+    """The stored tool with why it cannot run, if its template breaks the rule."""
+    from workers.tools.custom_tools.tool import template_of
+
+    return tool.model_copy(update={"problem": template_of(tool)[1]})

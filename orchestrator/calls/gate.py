@@ -40,6 +40,7 @@ class Ready:
     args: ToolInput
     decision: Decision
     writable: list[str] = field(default_factory=list)  # protected paths a person approved
+    confined: bool = False  # allowed only because commands run confined (Decision.confined)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Gate:
     approval_timeout_s: float
     emit: Emit
     defaults: dict[str, Behavior] = field(default_factory=dict)  # tool default overrides
+    contained: bool = False  # commands run confined here (`workers.confine.host.contains`)
 
     async def check(self, turn: int, call: ToolCall, seen: set[str]) -> Ready | Refused:
         if call.id in seen:
@@ -95,6 +97,7 @@ class Gate:
             self.spec.workspace,
             hooked.verdict,
             self.defaults,
+            self.contained,
         )
         if tool.administers(args) and decision.behavior != "deny":
             decision = self.administration(tool, args)
@@ -107,7 +110,7 @@ class Gate:
                 writable = tool.protected_paths(args, self.spec.workspace)
         if decision.behavior != "allow":
             return await self.refuse(call, decision.layer, decision.reason, decision.by)
-        return Ready(call, tool, args, decision, writable)
+        return Ready(call, tool, args, decision, writable, decision.confined)
 
     async def rate_limited(self, ready: Ready, used: int) -> Refused:
         """The session's rate limit refused the call as it was sent."""

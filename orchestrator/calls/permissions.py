@@ -9,7 +9,7 @@ rule and so skips neither a deny nor an ask rule.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from broker.config.policy import PermissionMode, PermissionRules
@@ -17,7 +17,7 @@ from broker.config.settings import Settings
 from broker.protocol import Group
 from orchestrator.calls.rules import Rule, rules_from
 from workers.paths import rule_pattern
-from workers.tool import SideEffect, Tool, ToolInput
+from workers.tool import SideEffect, Tool, ToolInput, Verdict
 
 Behavior = Literal["allow", "ask", "deny"]
 
@@ -28,6 +28,8 @@ class Decision:
     layer: str  # rule, hook, tool, safety, mode, default, grant, approval, policy, rate_limit
     reason: str
     by: str = ""  # the rule, hook or person that decided
+    # not asked only because commands run confined: a worker that does not confine refuses it
+    confined: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,31 @@ def decide(
     workspace: str,
     hook: HookVerdict | None = None,
     defaults: dict[str, Behavior] | None = None,
+    contained: bool = False,
+) -> Decision:
+    """`contained`: commands run confined (bubblewrap or the sandbox), so a tool's
+    "confined" verdict (targets that cannot be known) needs no one's approval."""
+    needs_confinement = False
+    verdict: tuple[Verdict, str] | None = tool.permission_check(args, workspace)
+    if verdict is not None and verdict[0] == "confined":
+        needs_confinement = contained
+        if not contained:
+            verdict = ("ask", f"{verdict[1]}; commands here run unconfined, so it is asked")
+    decision = _decide(tool, args, rules, mode, workspace, hook, defaults, verdict)
+    if needs_confinement and decision.behavior == "allow":
+        return replace(decision, confined=True)
+    return decision
+
+
+def _decide(
+    tool: Tool[Any],
+    args: ToolInput,
+    rules: list[Rule],
+    mode: PermissionMode,
+    workspace: str,
+    hook: HookVerdict | None,
+    defaults: dict[str, Behavior] | None,
+    verdict: tuple[Verdict, str] | None,
 ) -> Decision:
     def first(kind: str) -> Rule | None:
         return next((r for r in rules if r.kind == kind and r.covers(tool, args, workspace)), None)
@@ -93,10 +120,12 @@ def decide(
         return Decision("ask", "rule", f"the rule {asked.raw} asks before {tool.name}", str(asked))
     if hook and hook.behavior == "ask":
         return Decision("ask", "hook", hook.reason or "a hook asks for approval", hook.source)
-    if verdict := tool.permission_check(args, workspace):
+    if verdict is not None:
         behavior, reason = verdict
-        if behavior == "deny" or (behavior == "ask" and not bypass):
-            return Decision(behavior, "tool", reason, tool.name)
+        if behavior == "deny":
+            return Decision("deny", "tool", reason, tool.name)
+        if behavior == "ask" and not bypass:
+            return Decision("ask", "tool", reason, tool.name)
     if protected := tool.protected_paths(args, workspace):
         return Decision(
             "ask",

@@ -37,11 +37,19 @@ def add(definition: str) -> None:
 @tools.command("list")
 @json_option
 def list_tools(as_json: bool) -> None:
-    """Every custom tool (env secrets are never shown: only their names)."""
+    """Every custom tool (env secrets are never shown: only their names); a tool whose
+    template breaks the rule (stored before templates were checked) says why it is refused."""
     with admin() as a:
         found = a.list()
     rows = [
-        (t.name, t.agent_id or "(global)", t.enabled, t.timeout_seconds, t.env_names, t.command)
+        (
+            t.name,
+            t.agent_id or "(global)",
+            f"refused: {t.problem}" if t.problem else t.enabled,
+            t.timeout_seconds,
+            t.env_names,
+            t.command,
+        )
         for t in found
     ]
     records = [t.model_dump(mode="json") for t in found]

@@ -55,6 +55,7 @@ from orchestrator.job.tools import CustomCatalog
 from orchestrator.job.turn import TurnCalls
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.services.task_events import AgentTaskEvents
+from workers.confine.host import contains
 from workers.registry import Registry
 from workers.tools.mcp.tool import tool_class
 
@@ -165,6 +166,7 @@ class JobRun:
             s.settings.approval_timeout_s,
             self.emit,
             exec_approvals(s.settings)[1],
+            contains(s.settings),
         )
 
     async def emit(self, type_: EventType, **data: Any) -> None:
@@ -531,6 +533,7 @@ class JobRun:
                     writable_paths=ready.writable,
                     hidden_paths=self.hidden,
                     network=self.network,
+                    confined=ready.confined,
                 ),
                 timeout_s=timeout,
                 deadline=time.time() + self.s.settings.visibility_timeout_s,

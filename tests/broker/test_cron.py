@@ -244,3 +244,64 @@ def test_an_entry_without_a_user_is_an_operators(isolated: Isolated) -> None:
         assert spec_of(store, first)["admin"] is True
     finally:
         store.close()
+
+
+def test_the_row_lock_alone_keeps_a_second_ticker_off_a_job_being_ticked(
+    isolated: Isolated,
+) -> None:
+    """Guard one, alone: while a ticker holds a due job (its tick's transaction is open),
+    another ticker skips it at once (no wait, no run); once released, it is due again."""
+    holder, other = Store(isolated.database_url), Store(isolated.database_url)
+    try:
+        added = CronStore(holder.conn).add(job(), T0, 50)
+        with holder.conn.transaction():
+            holder.conn.execute("SELECT id FROM cron_jobs WHERE id = %s FOR UPDATE", (added.id,))
+            done: list[list[str]] = []
+            racer = threading.Thread(target=lambda: done.append(CronStore(other.conn).tick(T0)))
+            racer.start()
+            racer.join(timeout=10)
+            assert not racer.is_alive(), "the second ticker waited for the lock"
+            assert done == [[]]
+            assert runs_by_time(other) == {}  # it recorded no run either
+        assert CronStore(other.conn).tick(T0) == [run_job_id(added.id, T0, 1)]
+    finally:
+        holder.close()
+        other.close()
+
+
+def test_the_run_key_alone_keeps_a_scheduled_time_once(isolated: Isolated) -> None:
+    """Guard two, alone: a ticker that saw the job due after another had started that
+    time (here: its next run put back, nothing locked) starts nothing: (job, time) has
+    its run already."""
+    store = Store(isolated.database_url)
+    try:
+        cron = CronStore(store.conn)
+        added = cron.add(job(), T0, 50)
+        assert cron.tick(T0) == [run_job_id(added.id, T0, 1)]
+        store.conn.execute("UPDATE cron_jobs SET next_at = %s WHERE id = %s", (T0, added.id))
+        assert cron.tick(T0 + timedelta(seconds=1)) == []
+        assert runs_by_time(store) == {T0: ["queued"]}
+        jobs = store.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()
+        assert jobs is not None and jobs["n"] == 1
+    finally:
+        store.close()
+
+
+def test_a_run_whose_job_is_still_queued_after_30_s_is_sent_again(isolated: Isolated) -> None:
+    """Its agent-run message may have been lost: after RESEND_AFTER_S (30 s) of being
+    queued, settle returns it to send again (starting it twice is harmless); not before,
+    and not once it runs. The clock is the job's own creation time, moved by hand."""
+    store = Store(isolated.database_url)
+    try:
+        cron = CronStore(store.conn)
+        cron.add(job(), T0, 50)
+        (first,) = cron.tick(T0)
+        row = store.conn.execute("SELECT created_at FROM jobs WHERE id = %s", (first,))
+        created = row.fetchone()["created_at"]
+        assert cron.settle(created + timedelta(seconds=29)) == ([], [])
+        assert cron.settle(created + timedelta(seconds=31)) == ([first], [])
+        assert cron.settle(created + timedelta(seconds=600)) == ([first], [])  # each tick
+        store.conn.execute("UPDATE jobs SET status = 'running' WHERE id = %s", (first,))
+        assert cron.settle(created + timedelta(seconds=600)) == ([], [])
+    finally:
+        store.close()

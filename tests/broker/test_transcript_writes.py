@@ -4,10 +4,14 @@ model's next message, in one statement either way, and the transcript has no gap
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+import psycopg
+import pytest
+
 from broker.pg.store import AsyncStore, Store
-from broker.pg.transcript_writes import Results
+from broker.pg.transcript_writes import WRITE_BATCH, Results
 from broker.protocol import CallOutcome, JobSpec
 from tests.conftest import Isolated
 
@@ -153,18 +157,32 @@ def test_a_bad_write_fails_alone_and_the_batch_is_stored(isolated: Isolated) -> 
     conn.close()
 
 
-def test_a_jobs_end_rides_in_the_batch_of_other_jobs_turns(isolated: Isolated) -> None:
+def test_a_jobs_end_rides_in_the_batch_of_other_jobs_turns(
+    isolated: Isolated, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sync = Store(isolated.database_url)
     sync.create_job("k", "t", JobSpec(prompt="p", workspace="/tmp"))
     sync.close()
+    statements: list[tuple[str, Any]] = []  # every statement the store sends meanwhile
+    execute = psycopg.AsyncConnection.execute
+
+    async def counted(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        statements.append((str(query), params))
+        return await execute(self, query, params, **kwargs)
 
     async def body(store: AsyncStore) -> None:
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", counted)
         await asyncio.gather(
             store.finish_job("j", "completed", "the answer", "", 3),
             store.append_message("t", "k", 0, "assistant", {"text": "go"}, 0, None, 1),
         )
+        monkeypatch.undo()
 
     conn = run(isolated, body)
+    # one statement carried both: the job's end and the other job's turn
+    assert [q for q, _ in statements] == [WRITE_BATCH], statements
+    batch = json.loads(statements[0][1]["batch"])
+    assert sorted(item["job"] for item in batch) == ["j", "k"]
     jobs = conn.execute(
         "SELECT id, status, final_text, iterations, finished_at IS NOT NULL AS ended FROM jobs"
         " ORDER BY id"

@@ -287,7 +287,7 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
     }
     created = define(api, keys["admin"], echo)
     assert created.status_code == 201, created.text
-    defined_at = time.monotonic()
+    defined_at = time.time()
     nasty = [
         "; touch pwned",
         "$(touch pwned)",
@@ -306,19 +306,26 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
             {"text": "called"},
         ),
     )
-    assert time.monotonic() - defined_at < 1.0  # submitted at once: nothing to wait for
     result = job.wait(timeout=60)
+    # the job after the definition has the tool: its first call was queued to a worker
+    # within a second of the PUT (no cache to expire, no restart)
+    queued = [e for e in job.events() if e.type == "tool_call_queued"]
+    assert queued and queued[0].data["call_id"] == "c0"
+    assert queued[0].at - defined_at < 1.0, queued[0].at - defined_at
     assert result.status == "completed", result
     outputs = {c.id: c for c in result.tool_calls}
     for n, text in enumerate(nasty):
         out = outputs[f"c{n}"]
         assert not out.is_error and out.queue == "runtime", out.output
-        assert out.output.startswith(f"[{text}]\n[]\n"), out.output  # literal; other empty
+        # literal; the missing optional `other` drops its word (issue 30: 8)
+        assert out.output == f"[{text}]\n[exit code 0]", out.output
     assert outputs["none"].is_error and "text" in outputs["none"].output  # the schema refused
     assert outputs["none"].worker == "orchestrator"
     assert not list(workspace.rglob("pwned"))
-    # disabled: the next job does not have it
+    # disabled: the next job does not have it; its orchestrator refuses the call, which
+    # no worker sees
     assert http(api, keys["admin"]).post("/v1/custom-tools/echo_args/disable").status_code == 204
+    disabled_at = time.time()
     later = cluster.client.submit(
         "again",
         workspace=str(workspace),
@@ -327,6 +334,11 @@ def test_a_tool_defined_through_the_api_is_called_by_the_next_job(
     )
     (gone,) = later.wait(timeout=60).tool_calls
     assert gone.is_error and gone.output.startswith("Unknown tool 'echo_args'")
+    assert gone.worker == "orchestrator" and gone.queue in ("", None), gone
+    (denied,) = [e for e in later.events() if e.type == "tool_call_denied"]
+    assert denied.data["call_id"] == "c" and denied.data["layer"] == "validation"
+    assert denied.at - disabled_at < 1.0, denied.at - disabled_at
+    assert not [e for e in later.events() if e.type == "tool_call_queued"]
 
 
 def test_a_template_with_an_undeclared_key_is_refused_when_defined(
@@ -355,7 +367,14 @@ def test_a_template_with_an_undeclared_key_is_refused_when_defined(
         "message": "name: exec is a native tool's name",
         "field": "name",
     }
-    (tmp_path / "t.json").write_text(json.dumps(bad))
+    injecting = {**bad, "command": 'printf "%s|" "got: {{.a}}"'}  # issue 27: 1
+    refused = define(api, keys["admin"], injecting)
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "command"
+    assert refused.json()["error"]["message"].startswith(
+        "command: {{.a}} is inside double quotes beside other text"
+    )
+    for name, definition in [("t", bad), ("i", injecting)]:
+        (tmp_path / f"{name}.json").write_text(json.dumps(definition))
     cli = subprocess.run(
         [*CLAWQ, "tools", "add", str(tmp_path / "t.json")],
         env={**os.environ, **cluster.env},
@@ -363,6 +382,13 @@ def test_a_template_with_an_undeclared_key_is_refused_when_defined(
         text=True,
     )
     assert cli.returncode == 2 and "undeclared parameters: {{.b}}" in cli.stderr
+    cli = subprocess.run(
+        [*CLAWQ, "tools", "add", str(tmp_path / "i.json")],
+        env={**os.environ, **cluster.env},
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 2 and "{{.a}} is inside double quotes" in cli.stderr
     assert cluster.client.custom_tools.list() == [] or all(
         t.name != "bad_tool" for t in cluster.client.custom_tools.list()
     )

@@ -41,15 +41,17 @@ def test_a_tree_over_its_token_budget_ends_and_its_child_is_cancelled(
     cluster: Cluster, workspace: Path
 ) -> None:
     usage = {"input": 40, "output": 10}
+    # the child spends nothing and sits in one long call when the parent goes over: only
+    # the parent's end can stop it there (its own budget check comes at its next turn,
+    # which would end it budget_exceeded, not cancelled)
     child = {
         "turns": [
             {
-                "usage": usage,
-                "tool_calls": [call(f"c{n}", "exec", command="sleep 1")],
-            }
-            for n in range(30)
+                "usage": {"input": 0, "output": 0},
+                "tool_calls": [call("c", "exec", command="sleep 60")],
+            },
+            {"text": "child done"},
         ]
-        + [{"text": "child done"}]
     }
     parent = cluster.client.submit(
         "spend",
@@ -60,7 +62,7 @@ def test_a_tree_over_its_token_budget_ends_and_its_child_is_cancelled(
             "turns": [
                 {"usage": usage, "tool_calls": [call("s", "spawn", task="work", label="w")]},
                 *[
-                    {"usage": usage, "tool_calls": [call(f"p{n}", "exec", command="sleep 1")]}
+                    {"usage": usage, "tool_calls": [call(f"p{n}", "exec", command="sleep 0.2")]}
                     for n in range(30)
                 ],
                 {"text": "parent done"},
@@ -72,16 +74,14 @@ def test_a_tree_over_its_token_budget_ends_and_its_child_is_cancelled(
     assert result.status == "budget_exceeded", result
     assert "budget of tokens" in result.error
     assert result.usage is not None and result.usage.tokens > 400
-    assert result.usage.tokens <= 400 + 2 * 50  # at most one reply of each job over it
+    assert result.usage.tokens <= 400 + 50  # one reply over it; the child spent nothing
     wait_until(
-        lambda: (
-            parent.subagents() and parent.subagents()[0].status in ("cancelled", "budget_exceeded")
-        ),
-        60,
+        lambda: parent.subagents() and parent.subagents()[0].status not in ("queued", "running"),
+        50,  # well before its sleep 60 would end
         "the child stopped",
     )
     (kid,) = parent.subagents()
-    assert kid.status in ("cancelled", "budget_exceeded")
+    assert kid.status == "cancelled", kid
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""Scheduled jobs through the stack: every orchestrator (the tickers) is SIGKILLed just
-before a due time and started again after it; the scheduled time still produces exactly
-one run, and the next one runs on schedule. And the cron tool as a job uses it."""
+"""Scheduled jobs through the stack: a due time passes while every orchestrator (the
+tickers) is SIGKILLed, and they are started again after it; the scheduled time still
+produces exactly one run, and the next one runs on schedule. And the cron tool as a job
+uses it."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from broker.pg.store import Store
 from broker.stores.cron import CronJob, CronStore
 from broker.stores.cron_schedule import Schedule
+from orchestrator.services.cron import Ticker
 from tests.integration.conftest import Cluster, script, start_cluster, wait_until
 from tests.sites import Reply, Site
 
@@ -47,19 +50,33 @@ def runs(store: Store, cron_id: str) -> list[dict[str, object]]:
 def test_a_due_time_across_a_kill_of_every_ticker_runs_exactly_once(
     cluster: Cluster, workspace: Path
 ) -> None:
-    """An `every 60s` job and a `* * * * *` cron job both due at the next whole minute (at
-    least 8 s away, so the kill lands before it): one run each, then the next on time."""
+    """An `every` job and a daily cron job (Berlin time) whose due time passes while every
+    ticker is dead: when they are back, one run each, and ticking on (by the live tickers,
+    and by hand at later times) adds none; the next is on time. No wall-clock wait: every
+    ticker is killed first, the jobs are added as if before a due time that has just
+    passed, and their next due times are an hour and a day away."""
     store = Store(cluster.iso.database_url)
     try:
-        now = datetime.now(UTC)
-        due = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        if (due - now).total_seconds() < 8:  # too close for the kill: add after that minute
-            time.sleep((due - now).total_seconds() + 0.2)  # (the cron job's first fire
-            now = datetime.now(UTC)  # is the boundary after `now`, not one we pick)
-            due = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        orchestrators = list(range(cluster.stack.orchestrators))
+        for i in orchestrators:  # every ticker dies
+            cluster.stack.procs[i].send_signal(signal.SIGKILL)
+            cluster.stack.procs[i].wait(10)
+        now = datetime.now(UTC).replace(microsecond=0)
+        berlin = now.astimezone(ZoneInfo("Europe/Berlin"))
+        schedules = {
+            "ping": (Schedule(kind="every", every_s=3600), now - timedelta(seconds=1)),
+            "tick": (
+                Schedule(
+                    kind="cron",
+                    cron=f"{berlin.minute} {berlin.hour} * * *",
+                    timezone="Europe/Berlin",
+                ),
+                now.replace(second=0),
+            ),
+        }
         crons = CronStore(store.conn)
-        every, minutely = (
-            crons.add(
+        jobs = {
+            name: crons.add(
                 CronJob(
                     agent_id="main",
                     name=name,
@@ -68,44 +85,43 @@ def test_a_due_time_across_a_kill_of_every_ticker_runs_exactly_once(
                     script=script({"text": "pong"}),
                     workspace=str(workspace),
                     anchor=due if schedule.kind == "every" else None,
-                    grace_s=60,
+                    grace_s=300,
                 ),
-                now,
+                due - timedelta(seconds=30),  # added while the tickers were alive
                 50,
             )
-            for name, schedule in (
-                ("ping", Schedule(kind="every", every_s=60)),
-                ("tick", Schedule(kind="cron", cron="* * * * *", timezone="Europe/Berlin")),
-            )
-        )
-        assert every.next_at == due and minutely.next_at == due
-        time.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds() - 1.5))
-        orchestrators = list(range(cluster.stack.orchestrators))
-        for i in orchestrators:  # every ticker dies before the due time
-            cluster.stack.procs[i].send_signal(signal.SIGKILL)
-            cluster.stack.procs[i].wait(10)
-        time.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds() + 2))
-        assert runs(store, every.id) == [] and runs(store, minutely.id) == []
+            for name, (schedule, due) in schedules.items()
+        }
+        for name, job in jobs.items():
+            assert job.next_at == schedules[name][1] <= now
+            assert runs(store, job.id) == []
         for i in orchestrators:
             cluster.stack.procs[i] = subprocess.Popen(
                 cluster.stack.commands[i], env=cluster.stack.env
             )
-        for job in (every, minutely):
+        for job in jobs.values():
             wait_until(
                 lambda j=job: [r["status"] for r in runs(store, j.id)] == ["ok"],  # type: ignore[misc]
                 60,
                 f"the run of {job.name} done",
             )
-        time.sleep(2)  # every orchestrator ticks ~10 times more: still one run each
-        for job in (every, minutely):
+        ticker = Ticker(cluster.iso.settings, cluster.client.app)
+        try:  # the same tick the orchestrators run, at later times short of the next due
+            for seconds in (0, 1, 30, 600):
+                assert ticker.tick(now + timedelta(seconds=seconds)) == 0
+        finally:
+            ticker.close()
+        nexts = {"ping": timedelta(hours=1), "tick": timedelta(days=1)}
+        for name, job in jobs.items():
+            due = schedules[name][1]
             (run,) = runs(store, job.id)
             assert run["scheduled_at"] == due
             final = store.conn.execute(
                 "SELECT final_text FROM jobs WHERE id = %s", (run["job_id"],)
             ).fetchone()
             assert final is not None and final["final_text"] == "pong"
-            nxt = CronStore(store.conn).get("main", "", job.name)
-            assert nxt is not None and nxt.next_at == due + timedelta(seconds=60)
+            nxt = CronStore(store.conn).get("main", "", name)
+            assert nxt is not None and nxt.next_at == due + nexts[name]
         row = store.conn.execute(
             "SELECT count(*) AS n FROM jobs WHERE id LIKE 'cron-%%'"
         ).fetchone()

@@ -228,3 +228,47 @@ def test_the_network_of_a_confined_command_is_the_jobs_to_allow(
         server.close()
     assert runs[1].is_error and "connected" not in runs[1].output
     assert not runs[2].is_error and "connected" in runs[2].output
+
+
+def test_routine_scripts_with_variables_run_and_an_unknown_target_runs_confined(
+    cluster: Cluster, workspace: Path
+) -> None:
+    """Issue 27: 5, through the gate and a real worker: the issue's four scripts run and
+    do what they say; a target the line cannot say is not asked (commands run confined
+    here), reaches the worker marked so, and changes nothing outside the workspace."""
+    import tempfile
+
+    (workspace / "running").mkdir()
+    (workspace / "src").mkdir()
+    (workspace / "src" / "a.c").write_text("int main;")
+    for name in ("one.txt", "two.txt"):
+        (workspace / name).write_text(name)
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as outside:
+        (workspace / "where").write_text(outside)
+        lines = {
+            "f": "f=running/c1; touch $f",
+            "for": 'for f in *.txt; do mv "$f" "${f%.txt}.md"; done',
+            "out": 'out=build; mkdir -p "$out" && cp src/*.c "$out"/',
+            "name": 'name=report; echo data > "${name}.csv"',
+            "unknown": 'd=$(cat where); touch "$d"/made',
+        }
+        job = cluster.client.submit(
+            "routine",
+            workspace=str(workspace),
+            allow=["exec"],
+            script=script(
+                {"tool_calls": [call(k, "exec", command=v) for k, v in lines.items()]},
+                {"text": "done"},
+            ),
+        )
+        result = job.wait(timeout=60)
+        assert not any(e.type == "tool_call_denied" for e in job.events())
+        by_id = {c.id: c for c in result.tool_calls}
+        for key in ("f", "for", "out", "name"):
+            assert not by_id[key].is_error, (key, by_id[key].output)
+        assert (workspace / "running" / "c1").exists()
+        assert sorted(p.name for p in workspace.glob("*.md")) == ["one.md", "two.md"]
+        assert (workspace / "build" / "a.c").exists()
+        assert (workspace / "report.csv").read_text() == "data\n"
+        assert by_id["unknown"].is_error and "Read-only file system" in by_id["unknown"].output
+        assert list(Path(outside).iterdir()) == []

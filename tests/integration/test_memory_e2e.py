@@ -127,20 +127,29 @@ def test_the_system_prompt_is_built_from_context_files_and_never_stale(
     files.put("poet", "", "IDENTITY.md", "Your name is Quill.", 0)
     files.put("poet", "dana", "USER.md", "Dana prefers haiku.", 0)
     systems = []
+    served: dict[str, set[str]] = {}  # soul → the orchestrators that ran a job with it
     for soul in ("You answer in rhymes.", "You answer in limericks."):
         if soul != "You answer in rhymes.":
             files.put("poet", "", "SOUL.md", soul, files.version("poet", "", "SOUL.md"))
-        for _ in range(2):  # two jobs a version: with two orchestrators, likely both run one
+        served[soul] = set()
+        for _ in range(30):  # until each of the two orchestrators has run one with this soul
+            if len(served[soul]) == 2:
+                break
             start = len(server.requests)
             server.reply_sse(openai_text("ok"))
             job = cluster.client.submit(
                 "hi", model="openai:gpt-test", agent="poet", user="dana", workspace=str(workspace)
             )
             assert job.wait(timeout=60).status == "completed"
+            row = store.conn.execute("SELECT orchestrator FROM jobs WHERE id = %s", (job.id,))
+            served[soul].add(row.fetchone()["orchestrator"])
             (request,) = server.requests[start:]
             first = request.body["messages"][0]
             assert first["role"] == "system"
             systems.append((soul, first["content"]))
+    # both orchestrators built a prompt from the old soul, and then each from the new one
+    assert served["You answer in rhymes."] == served["You answer in limericks."]
+    assert len(served["You answer in limericks."]) == 2
     for soul, system in systems:
         assert (
             soul in system and "Your name is Quill." in system and "Dana prefers haiku." in system
@@ -148,4 +157,4 @@ def test_the_system_prompt_is_built_from_context_files_and_never_stale(
         assert (
             system.index("## SOUL.md") < system.index("## IDENTITY.md") < system.index("## USER.md")
         )
-    assert "rhymes" not in systems[-1][1]
+    assert not any("rhymes" in system for soul, system in systems if "limericks" in soul)

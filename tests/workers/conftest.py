@@ -22,17 +22,34 @@ class Runner:
         self.registry = default_registry()
         self.writable: list[str] = []
         self.network = network
+        self.confined = False  # allowed only because commands run confined
         self.cancelled: Callable[[], str | None] = lambda: None
 
     def __call__(self, name: str, **raw: Any) -> ToolResult:
         ctx = ToolContext(
             context=CallContext(
-                workspace=str(self.workspace), writable_paths=self.writable, network=self.network
+                workspace=str(self.workspace),
+                writable_paths=self.writable,
+                network=self.network,
+                confined=self.confined,
             ),
             settings=self.settings,
             cancelled=self.cancelled,
         )
         return execute_tool(self.registry, name, raw, ctx)
+
+
+@pytest.fixture
+def day(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """The quotas' UTC day, pinned (a test that spends a quota must not cross midnight);
+    call it to move to another day."""
+    from workers.tools.web import shared
+
+    def set_day(value: str) -> None:
+        monkeypatch.setattr(shared, "utc_day", lambda: value)
+
+    set_day("20260601")
+    return set_day
 
 
 @pytest.fixture

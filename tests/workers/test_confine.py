@@ -290,3 +290,154 @@ def test_the_probe_reports_why_bubblewrap_cannot_run(tmp_path: Path) -> None:
     reason = confine.probe(str(fake), ())
     assert reason == "bubblewrap failed: bwrap: No permissions to create new namespace"
     assert confine.probe(sys.executable, ()) != ""  # not a bubblewrap at all
+
+
+def test_a_target_the_line_cannot_say_runs_confined_and_stays_inside(
+    workspace: Path, outside: Path
+) -> None:
+    """Issue 27: 5. Allowed without approval because it runs confined: wherever the
+    variable points, the command changes nothing outside the workspace."""
+    confined()
+    (outside / "keep.txt").write_text("original")
+    (workspace / "where").write_text(str(outside))
+    run_tool = Runner(workspace, Settings())
+    run_tool.confined = True
+    result = run_tool(
+        "exec", command='d=$(cat where); rm -rf "$d"/keep.txt; touch "$d"/made; mkdir -p out'
+    )
+    assert result.metadata["where"] == "host (bwrap)"
+    assert "Read-only file system" in result.for_llm, result.for_llm
+    assert (outside / "keep.txt").read_text() == "original"
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (workspace / "out").is_dir()  # the workspace is the command's to change
+
+
+def test_a_call_allowed_because_it_runs_confined_never_runs_unconfined(workspace: Path) -> None:
+    run_tool = Runner(workspace, Settings(exec_confinement="none"))
+    run_tool.confined = True
+    refused = run_tool("exec", command='d=$(cat where); touch "$d"/x; touch ran')
+    assert refused.is_error and refused.for_llm.startswith(
+        "not run: this command was allowed without approval because commands run confined"
+    )
+    assert not (workspace / "ran").exists()
+    run_tool.confined = False  # approved by a person: it runs where it is
+    assert not run_tool("exec", command="touch ran").is_error
+    assert (workspace / "ran").exists()
+
+
+def test_the_result_says_which_named_path_the_sandbox_does_not_show(
+    workspace: Path, outside: Path
+) -> None:
+    """`perl -e 'system("rm -rf ../x")'` 'succeeds' in the sandbox, where ../x is not
+    there (the host's /tmp is private); the model is told, and ../x is untouched."""
+    confined()
+    sibling = workspace.parent / "x"
+    (sibling / "data").mkdir(parents=True)
+    command = "perl -e 'system(\"rm -rf ../x\")'"
+    result = Runner(workspace, Settings())("exec", command=command)
+    assert not result.is_error and result.metadata["where"] == "host (bwrap)"
+    assert result.for_llm.endswith(
+        "[exit code 0]\n[note: ../x is outside the workspace and not visible in the sandbox "
+        "(a confined command sees the workspace, a private /tmp and the system read-only), so "
+        "the command neither read nor changed it]"
+    ), result.for_llm
+    assert (sibling / "data").is_dir()
+    hidden = Runner(workspace, Settings())("exec", command="cat /etc/shadow ~/.ssh/x || true")
+    assert "[note: /etc/shadow is outside" in hidden.for_llm, hidden.for_llm
+    visible = Runner(workspace, Settings())("exec", command=f"ls {outside} /usr/bin/env")
+    assert "[note:" not in visible.for_llm  # seen read-only: nothing to explain
+    unconfined = Runner(workspace, Settings(exec_confinement="none"))
+    assert "[note:" not in unconfined("exec", command="ls ../x").for_llm
+
+
+def inside(workspace: Path, command: str, settings: Settings | None = None) -> str:
+    """What `command` prints when run as exec runs it, confined (stdout and stderr)."""
+    result = Runner(workspace, settings or Settings())("exec", command=command)
+    assert result.metadata["where"] == "host (bwrap)", result.for_llm
+    return result.for_llm
+
+
+def test_capabilities_namespaces_and_privileges_seen_from_inside(workspace: Path) -> None:
+    """--cap-drop ALL (a root worker keeps CHOWN, DAC_OVERRIDE and FOWNER: bits 0, 1, 3,
+    also ambient so its children keep them), no_new_privs, and IPC, UTS, PID, mount and
+    network namespaces of the command's own, read from /proc inside the sandbox and
+    compared with the worker's. (bubblewrap run as root leaves the bounding set whole;
+    with no_new_privs no execve can raise a capability from it.)"""
+    confined()
+    status = inside(
+        workspace, "grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status"
+    )
+    fields = dict(line.split(":\t") for line in status.splitlines() if ":\t" in line)
+    kept = (1 << 0) | (1 << 1) | (1 << 3) if os.geteuid() == 0 else 0
+    for name in ("CapEff", "CapPrm", "CapAmb"):
+        assert int(fields[name], 16) == kept, (name, fields)
+    assert fields["NoNewPrivs"].strip() == "1"
+    names = ("ipc", "uts", "pid", "mnt", "net")
+    seen = inside(workspace, " ; ".join(f"readlink /proc/self/ns/{n}" for n in names))
+    ours = [os.readlink(f"/proc/self/ns/{n}") for n in names]
+    theirs = [line for line in seen.splitlines() if line.endswith("]") and ":[" in line]
+    assert len(theirs) == len(names)
+    for name, mine, its in zip(names, ours, theirs, strict=True):
+        assert mine != its, f"the {name} namespace is the worker's"
+    assert inside(workspace, "hostname x 2>&1; echo $?").splitlines()[-2] != "0"  # no SYS_ADMIN
+
+
+def test_every_hidden_path_is_empty_or_gone_from_inside(workspace: Path, outside: Path) -> None:
+    """Each configured hidden path that exists here, and a secret of our own among them:
+    inside, a directory lists nothing and a file reads as empty."""
+    confined()
+    (outside / "secret.txt").write_text("TOP SECRET")
+    settings = Settings(exec_hidden_paths=[*Settings().exec_hidden_paths, str(outside)])
+    hidden = [p for p in confine.hidden_paths(settings) if os.path.exists(p)]
+    assert str(outside) in hidden and "/etc/shadow" in hidden and "/root" in hidden
+    for path in hidden:
+        what = "find {0} -mindepth 1 | head -3" if os.path.isdir(path) else "wc -c < {0}"
+        out = inside(workspace, what.format(path) + "; echo END", settings)
+        seen = out.split("END")[0].strip()
+        assert seen in ("", "0"), (path, out)
+    assert "TOP SECRET" not in inside(workspace, f"cat {outside}/secret.txt; true", settings)
+
+
+def test_other_users_workspaces_artifacts_and_granted_roots_are_not_visible(
+    outside: Path,
+) -> None:
+    """A job sees its own workspace and none of the others under the roots (issue 26):
+    the roots are hidden and the job's workspace is bound back over them."""
+    root, shared, artifacts = outside / "workspaces", outside / "shared", outside / "artifacts"
+    for user in ("alice", "bob"):
+        (root / user).mkdir(parents=True)
+        (shared / user).mkdir(parents=True)
+        (root / user / "mine.txt").write_text(f"{user}'s")
+        (shared / user / "mine.txt").write_text(f"{user}'s shared")
+    (artifacts / "ab").mkdir(parents=True)
+    (artifacts / "ab" / "abcdef").write_text("alice's artifact")
+    settings = Settings(
+        workspace_root=str(root),
+        artifact_dir=str(artifacts),
+        user_ceilings={"*": {"workspace_roots": [f"{shared}/{{user}}"]}},
+    )
+    assert confine.granted_roots(settings) == [str(shared)]
+    for workspace in (root / "bob", shared / "bob"):
+        run_tool = Runner(workspace, settings)
+        own = run_tool("exec", command="cat mine.txt")
+        assert not own.is_error and own.for_llm.startswith("bob's"), own.for_llm
+        for command in [
+            f"cat {root}/alice/mine.txt",
+            f"cat {shared}/alice/mine.txt",
+            f"cat {artifacts}/ab/abcdef",
+        ]:
+            result = run_tool("exec", command=command)
+            assert result.is_error and "alice's" not in result.for_llm, (command, result.for_llm)
+        listing = run_tool("exec", command=f"ls {root} {shared}").for_llm
+        assert "alice" not in listing, listing
+    assert (root / "alice" / "mine.txt").read_text() == "alice's"
+
+
+def test_a_granted_root_names_the_directory_that_holds_every_users() -> None:
+    ceilings = {
+        "*": {"workspace_roots": ["/srv/a/{user}", "/srv/b/ws-{user}", "/srv/c", "/{user}"]}
+    }
+    roots = confine.granted_roots(Settings(user_ceilings=ceilings))
+    assert roots == ["/srv/a", "/srv/b", "/srv/c", ""]
+    hidden = confine.hidden_paths(Settings(user_ceilings=ceilings))
+    assert "/srv/a" in hidden and "/" not in hidden  # `/{user}` never hides the system

@@ -13,9 +13,12 @@ from pydantic import ValidationError
 
 from broker.config.secretbox import SecretBox, SecretError, new_key
 from broker.config.settings import Settings
+from broker.pg.store import Store
 from broker.protocol import CallContext
-from broker.stores.custom_tools import CustomTool, CustomToolError, CustomToolSpec
+from broker.stores.custom_tools import CustomTool, CustomToolError, CustomToolSpec, CustomToolStore
+from tests.conftest import Isolated
 from workers.tool import ToolContext
+from workers.tools.custom_tools.template import TemplateError, check
 from workers.tools.custom_tools.tool import tool_class
 
 SCHEMA = {
@@ -35,18 +38,53 @@ def definition(command: str = "echo {{.domain}} {{.record_type}}", **extra: Any)
     )
 
 
-def test_rendering_is_one_pass_and_quoted() -> None:
-    tool = definition("dig +short {{ .record_type }} {{.domain}}")
-    assert tool.render({"domain": "example.com", "record_type": "MX"}) == (
+def test_values_reach_the_command_in_the_environment_never_in_the_line() -> None:
+    template = check("dig +short {{ .record_type }} {{.domain}}", SCHEMA)
+    command, env = template.render({"domain": "example.com", "record_type": "MX"})
+    assert (
+        command
+        == 'dig +short ${CLAWQ_ARG_record_type+"$CLAWQ_ARG_record_type"} "$CLAWQ_ARG_domain"'
+    )
+    assert env == {"CLAWQ_ARG_domain": "example.com", "CLAWQ_ARG_record_type": "MX"}
+    assert template.preview({"domain": "example.com", "record_type": "MX"}) == (
         "dig +short MX example.com"
     )
-    assert tool.render({"domain": "example.com"}) == "dig +short '' example.com"  # missing: ''
-    tricky = tool.render({"domain": "$(touch x); `id` {{.record_type}}", "record_type": "A"})
-    assert (
-        tricky == "dig +short A '$(touch x); `id` {{.record_type}}'"
-    )  # a value is never a template
-    assert definition("x {{.limit}}").render({"limit": 3}) == "x 3"
-    assert definition("x {{.domain}}").render({"domain": ["a", "b"]}) == """x '["a", "b"]'"""
+    # a missing optional argument drops its word (issue 30: 8), it is not ''
+    assert template.render({"domain": "example.com"})[1] == {"CLAWQ_ARG_domain": "example.com"}
+    assert template.preview({"domain": "example.com"}) == "dig +short  example.com"
+    tricky = {"domain": "$(touch x); `id` {{.record_type}}", "record_type": "A"}
+    assert template.render(tricky)[0] == command  # the line never changes with the values
+    assert template.preview(tricky) == "dig +short A '$(touch x); `id` {{.record_type}}'"
+    numbers = check("x {{.limit}} {{.domain}}", SCHEMA)
+    assert numbers.render({"limit": 3, "domain": ["a", "b"]})[1] == {
+        "CLAWQ_ARG_limit": "3",
+        "CLAWQ_ARG_domain": '["a", "b"]',
+    }
+
+
+def test_a_template_in_which_a_value_could_become_code_is_refused_with_the_reason() -> None:
+    for command, reason in [
+        (
+            'printf "%s|" "got: {{.domain}}"',
+            "{{.domain}} is inside double quotes beside other text",
+        ),
+        ("echo '{{.domain}}'", "{{.domain}} is inside single quotes"),
+        ("echo $(dig {{.domain}})", "{{.domain}} is inside $(…) or backticks"),
+        ("cat <<EOF\n{{.domain}}\nEOF", "{{.domain}} is in a heredoc"),
+        ("dig x{{.domain}}", "{{.domain}} is part of a longer word"),
+        ("sh -c {{.domain}}", "{{.domain}} would run as a command"),
+        ("perl -e {{.domain}}", "{{.domain}} would be code that `perl` runs"),
+        (
+            "echo $CLAWQ_ARG_domain",
+            'stands unquoted (split and globbed): write "$CLAWQ_ARG_domain"',
+        ),
+        ('echo "$CLAWQ_ARG_other"', "$CLAWQ_ARG_other names no declared parameter"),
+    ]:
+        with pytest.raises(TemplateError) as refused:
+            check(command, SCHEMA)
+        assert reason in str(refused.value), (command, str(refused.value))
+    with pytest.raises(TemplateError, match='write "…\\$CLAWQ_ARG_domain…"'):
+        check('echo "got: {{.domain}}"', SCHEMA)
 
 
 def test_definitions_are_checked_when_made() -> None:
@@ -69,6 +107,7 @@ def test_definitions_are_checked_when_made() -> None:
         ({"parameters": {"type": "array"}}, 'must be a schema of "type": "object"'),
         ({"name": "bad name"}, "String should match pattern"),
         ({"env": {"NOT-OK": "x"}}, "env names must be identifiers"),
+        ({"env": {"CLAWQ_ARG_domain": "x"}}, "env names starting CLAWQ_ARG_ carry arguments"),
         ({"secret": 1}, "Extra inputs are not permitted"),
     ]
     for change, message in cases:
@@ -152,3 +191,55 @@ def test_a_call_whose_secrets_do_not_open_fails_clearly_and_runs_nothing(
 def test_tool_errors_say_which_argument() -> None:
     with pytest.raises(CustomToolError, match="record_type: 'TXT' is not one of"):
         definition().validate_arguments({"domain": "a", "record_type": "TXT"})
+
+
+def test_the_administration_refuses_an_injecting_template_and_a_stored_one_is_refused_on_load(
+    isolated: Isolated, workspace: Path
+) -> None:
+    from orchestrator.admin.custom_tools import CustomAdmin, CustomAdminError
+    from workers.execute import run_tool
+    from workers.registry import Registry
+
+    store = Store(isolated.database_url)
+    try:
+        admin = CustomAdmin(store, isolated.settings)
+        injecting = {
+            "name": "echo_got",
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+            "command": 'printf "%s|" "got: {{.text}}"; touch ran',
+        }
+        with pytest.raises(CustomAdminError, match=r"^command: \{\{\.text\}\} is inside double"):
+            admin.put(injecting)
+        assert admin.list() == []
+        # stored before templates were checked: listed with the reason, refused at every call
+        CustomToolStore(store).put(
+            CustomToolSpec.model_validate(injecting), SecretBox.from_settings(isolated.settings)
+        )
+        (listed,) = admin.list()
+        assert listed.problem.startswith("{{.text}} is inside double quotes beside other text")
+        assert admin.show("echo_got").problem == listed.problem
+        stored = CustomToolStore(store).get("echo_got")
+        assert stored is not None
+        tool = tool_class(stored)()
+        args = tool.input_model.model_validate({"text": "$(touch pwned)"})
+        verdict = tool.permission_check(args, str(workspace))
+        assert verdict is not None and verdict[0] == "deny"
+        assert verdict[1].startswith("echo_got cannot run: its template was stored before")
+        assert verdict[1].endswith("an admin must redefine it (clawq tools add)")
+        registry = Registry()
+        registry._tools[tool.name] = tool
+        ctx = ToolContext(CallContext(workspace=str(workspace)), Settings(exec_confinement="none"))
+        result = run_tool(registry, tool.name, {"text": "$(touch pwned)"}, ctx)
+        assert result.is_error and "cannot run" in result.for_llm
+        assert list(workspace.iterdir()) == []
+        # redefined by the rule, it runs
+        fixed = admin.put({**injecting, "command": 'printf "%s|" "got: $CLAWQ_ARG_text"'})
+        assert fixed.problem == "" and admin.list()[0].problem == ""
+        runs = tool_class(fixed)()
+        registry._tools[runs.name] = runs
+        done = run_tool(registry, runs.name, {"text": "$(touch pwned)"}, ctx)
+        assert done.for_llm == "got: $(touch pwned)|\n[exit code 0]"
+        assert list(workspace.iterdir()) == []
+    finally:
+        store.close()

@@ -309,13 +309,18 @@ def test_domain_lists_and_the_fake_ip_switch() -> None:
     policy = EgressPolicy(
         allow_domains=("example.com", "*.docs.org"), block_domains=("bad.example.com",)
     )
-    assert check_host("example.com", policy) is None
-    assert check_host("api.example.com", policy) is None
-    assert check_host("a.docs.org", policy) is None
-    for host, why in [
+    for host in ["example.com", "api.example.com", "EXAMPLE.com.", "a.docs.org", "x.a.docs.org"]:
+        assert check_host(host, policy) is None, host
+    assert check_host("notbad.example.com", policy) is None  # not a subdomain of bad.…
+    for host, why in [  # a list entry is a domain, never a suffix of the text
         ("docs.org", "not on the allowed domain list"),
         ("bad.example.com", "on the blocked domain list"),
+        ("deep.bad.example.com", "on the blocked domain list"),
         ("evil.com", "not on the allowed domain list"),
+        ("evilexample.com", "not on the allowed domain list"),
+        ("example.com.evil.net", "not on the allowed domain list"),
+        ("xdocs.org", "not on the allowed domain list"),
+        ("docs.org.evil.net", "not on the allowed domain list"),
     ]:
         with pytest.raises(EgressError, match=why):
             check_host(host, policy)

@@ -9,7 +9,7 @@ import base64
 import hashlib
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -205,7 +205,7 @@ def test_a_failing_endpoint_falls_back_to_the_next(
 
 
 def test_the_daily_quota_refuses_when_used_up(
-    isolated: Isolated, store: Store, vendor: Site
+    isolated: Isolated, store: Store, vendor: Site, day: Callable[[str], None]
 ) -> None:
     client = redis.Redis.from_url(isolated.redis_url)
     settings = settings_for(isolated, vendor, media_quota_per_day={"openai": 2})
@@ -216,6 +216,8 @@ def test_the_daily_quota_refuses_when_used_up(
         "image failed: openai: today's quota of 2 requests is used up"
     )
     assert len(vendor.seen) == 2
+    day("20260602")  # a new UTC day: a new quota
+    assert not image(settings, store, client, prompt="four").is_error
     client.close()
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from broker.config.settings import Settings
@@ -50,10 +51,29 @@ def check_ranking(store: MemoryStore, settings: Settings, label: str) -> None:
     assert hybrid["paraphrase"] - fts["paraphrase"] >= 0.2, (fts, hybrid)
 
 
-def test_the_corpus_is_what_the_acceptance_asks() -> None:
+def test_the_corpus_is_what_the_acceptance_asks(isolated: Isolated) -> None:
+    """Checked with the full-text search's own analyser (PostgreSQL's `english`
+    configuration, as memory_store indexes): a paraphrase shares no word with its answer,
+    so only the vectors can find it, and a keyword query shares at least one."""
     kinds = [q["kind"] for q in CORPUS["queries"]]
     assert len(CORPUS["documents"]) >= 50 and len(kinds) >= 30
     assert kinds.count("paraphrase") >= len(kinds) / 3
+    documents = {d["path"]: d["text"] for d in CORPUS["documents"]}
+    with psycopg.connect(isolated.database_url) as conn:
+
+        def words(text: str) -> set[str]:
+            rows = conn.execute(
+                "SELECT unnest(tsvector_to_array(to_tsvector('english', %s)))", (text,)
+            ).fetchall()
+            return {row[0] for row in rows}
+
+        for q in CORPUS["queries"]:
+            assert q["answer"] in documents, q
+            shared = words(q["query"]) & words(documents[q["answer"]])
+            if q["kind"] == "paraphrase":
+                assert not shared, (q, shared)
+            else:
+                assert shared, q
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,16 @@ limit, on real Redis and PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import email
 import hashlib
 import hmac
 import json
+import socket
 import ssl
+import struct
+import threading
 import uuid
 from collections.abc import Iterator
 from email.message import Message as Mail
@@ -635,3 +639,100 @@ def test_an_smtp_host_on_a_blocked_address_is_never_connected_to(settings: Setti
         with pytest.raises(TimeoutError):
             listener.accept()  # nobody knocked
     assert result.is_error and "127.0.0.1, a loopback address" in result.for_llm, result.for_llm
+
+
+class Stubborn:
+    """A TCP endpoint that takes a request and then, by `mode`, never answers (`silent`)
+    or drops the connection (`reset`): the request reached it, the answer never came."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.requests = 0
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5)
+            with contextlib.suppress(OSError):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                self.requests += 1
+            if self.mode == "reset":  # an RST, not a clean end
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        for conn in self.held:
+            conn.close()
+        self.server.close()
+
+
+def test_what_may_have_gone_out_is_unknown_and_what_cannot_have_is_failed(
+    settings: Settings,
+) -> None:
+    """The outbox's classification of a failed send, each against a real endpoint: a
+    refused connection or a blocked address cannot have delivered (failed: the same call
+    may send again); a request taken and then left unanswered, or cut after it was
+    taken, may have (unknown: never sent again)."""
+    silent, reset = Stubborn("silent"), Stubborn("reset")
+    closed = socket.create_server(("127.0.0.1", 0))
+    refused_port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    endpoints = {
+        "silent": f"http://127.0.0.1:{silent.port}/hook",
+        "reset": f"http://127.0.0.1:{reset.port}/hook",
+        "refused": f"http://127.0.0.1:{refused_port}/hook",
+        "blocked": "http://10.255.255.1/hook",  # a private address the policy refuses
+    }
+    channels = {
+        name: {"kind": "webhook", "url": url, "secret_env": "TEST_HOOK_SECRET"}
+        for name, url in endpoints.items()
+    }
+    fast = settings.model_copy(
+        update={
+            "message_channels": Settings.model_validate(
+                {"message_channels": channels}
+            ).message_channels,
+            "web_private_allow": [
+                f"127.0.0.1:{port}" for port in (silent.port, reset.port, refused_port)
+            ],
+            "web_read_timeout_s": 1.0,
+        }
+    )
+    try:
+        outcomes = {}
+        for name in endpoints:
+            first = send(fast, channel=name, job="job-9", call=f"m-{name}", text="hi")
+            again = send(fast, channel=name, job="job-9", call=f"m-{name}", text="hi")
+            store = Store(fast.database_url)
+            try:
+                row = Outbox(store.conn).get(f"job-9:0:m-{name}")
+            finally:
+                store.close()
+            assert row is not None and first.is_error and again.is_error, (name, first)
+            outcomes[name] = (row.status, "unknown" in again.for_llm)
+        assert outcomes == {
+            "silent": ("unknown", True),  # read timeout: it may have gone out
+            "reset": ("unknown", True),
+            "refused": ("failed", False),  # nothing went out: the call tried again
+            "blocked": ("failed", False),
+        }
+        assert (silent.requests, reset.requests) == (1, 1)  # and neither was sent twice
+    finally:
+        silent.close()
+        reset.close()

@@ -1,16 +1,22 @@
 """Shell safety, round 2: the forms that got past pattern checks, each category both ways.
 
-Three outcomes: refused (with its category), asked (nothing known to be dangerous, but
-the targets cannot be known), and allowed (routine work inside the workspace). Every
-line here is only parsed, never run.
+Three outcomes: refused (with its category), unknown (nothing known to be dangerous, but
+the targets cannot be known: it runs confined, and is asked where commands run
+unconfined), and allowed (routine work inside the workspace). Every line here is only
+parsed, never run.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import pytest
 
+from orchestrator.calls.permissions import decide
+from orchestrator.calls.rules import Rule
 from workers.confine.safety import judge, judge_line
-from workers.confine.shell import parse_shell
+from workers.confine.shell import ParsedShell, parse_shell
 from workers.registry import default_registry
 
 D = "destructive file operation"
@@ -27,8 +33,6 @@ REFUSED = [
     ("pushd .. && rm -rf ws2", D),
     ("cd sub; cd ..; cd ..; rm -rf x", D),
     ("cd ~ && rm -rf projects", D),
-    ("cd - && rm -rf x", D),
-    ('cd "$DIR" && rm -rf out', D),
     ("cd .. && echo x > notes.txt", W),
     ("cd ../other && touch x", W),
     ("builtin cd .. && rm -rf ws2", D),
@@ -112,6 +116,9 @@ REFUSED = [
 ]
 
 ASKED = [
+    "cd - && rm -rf x",  # refused before issue 27: 5; where `cd -` goes the line does not say
+    'cd "$DIR" && rm -rf out',
+    'rm -rf "$TMP"/build',
     "echo DIR | xargs rm -rf",
     "xargs rm -rf < list",
     "find . -name '*.tmp' | xargs rm -f",
@@ -135,6 +142,7 @@ ALLOWED = [
     "bash <<< 'echo hi'",
     "sh -c 'cd build && make'",
     "busybox ls -la",
+    'l""s -la',
     "toybox cat README.md",
     "find . -name '*.pyc' -delete",
     "find . -name '*.pyc' -exec rm {} +",
@@ -202,11 +210,20 @@ def test_refused(line: str, category: str) -> None:
 
 
 @pytest.mark.parametrize("line", ASKED)
-def test_unknown_targets_are_asked_about(line: str) -> None:
+def test_unknown_targets_run_confined_and_are_asked_unconfined(line: str) -> None:
     assert judge_line(line) is None
     verdict = _ask_reason(line)
-    assert verdict is not None and verdict[0] == "ask", line
-    assert "cannot be checked" in verdict[1]
+    assert verdict is not None and verdict[0] == "confined", line
+    assert "cannot be checked" in verdict[1] or "not known until it runs" in verdict[1]
+    tool = default_registry().get("exec")
+    assert tool is not None
+    args = tool.input_model.model_validate({"command": line})
+    rules = [Rule.parse("exec", "allow", "job")]
+    confined = decide(tool, args, rules, "default", "/ws", contained=True)
+    assert (confined.behavior, confined.confined) == ("allow", True)
+    unconfined = decide(tool, args, rules, "default", "/ws", contained=False)
+    assert (unconfined.behavior, unconfined.layer, unconfined.confined) == ("ask", "tool", False)
+    assert unconfined.reason == f"{verdict[1]}; commands here run unconfined, so it is asked"
 
 
 @pytest.mark.parametrize("line", ALLOWED)
@@ -233,6 +250,37 @@ def test_a_refusal_after_a_cd_says_where_the_path_points() -> None:
     )
 
 
+# each form the issue named, recognised in a line by what the parser makes of it, or (for
+# quoting) by how it is written
+FORMS: dict[str, Callable[[str, ParsedShell], bool]] = {
+    "a cd before the path": lambda _, p: any(c.name in ("cd", "pushd") for c in p.commands),
+    "eval, source or sh -c of a string": lambda _, p: any(
+        c.wrapper and c.name in ("eval", "source", ".", "sh", "bash") for c in p.commands
+    ),
+    "busybox or toybox": lambda _, p: any(c.name in ("busybox", "toybox") for c in p.commands),
+    "find actions": lambda _, p: any(
+        c.name == "find" and bool({"-exec", "-execdir", "-ok", "-okdir", "-delete"} & set(c.argv))
+        for c in p.commands
+    ),
+    "ANSI-C quoting": lambda line, _: "$'" in line,
+    "quote splicing": lambda line, _: re.search(r"\w(''|\"\")\w", line) is not None,
+    "brace expansion": lambda line, _: re.search(r"(?<!')\{[^}]*,[^}]*\}", line) is not None,
+    "a clobbering redirect": lambda _, p: any(c.writes_to for c in p.commands),
+}
+
+
 def test_the_corpus_covers_every_form_of_the_issue() -> None:
-    assert len(REFUSED) >= 80 and len(ASKED) >= 8 and len(ALLOWED) >= 55
-    assert {category for _, category in REFUSED} == {D, W, S, P}
+    """Every form is met both ways, as the code judges it (not as the lists say): some
+    line of that form is refused with its category, and some is let through."""
+    assert len(REFUSED) >= 79 and len(ASKED) >= 11 and len(ALLOWED) >= 55
+    judged = {line: judge_line(line) for line in [*(r for r, _ in REFUSED), *ALLOWED, *ASKED]}
+    refused_as = {line: f.category for line, f in judged.items() if f is not None}
+    assert set(refused_as.values()) == {D, W, S, P}
+    for form, matches in FORMS.items():
+        lines = [line for line in judged if matches(line, parse_shell(line))]
+        assert any(line in refused_as for line in lines), f"no refused line of form: {form}"
+        assert any(line not in refused_as for line in lines), f"no allowed line of form: {form}"
+    for category in (D, W, S, P):  # each category both ways
+        refused = [line for line, c in refused_as.items() if c == category]
+        assert refused, category
+    assert refused_as == {line: category for line, category in REFUSED}

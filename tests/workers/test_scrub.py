@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import redis
 
 from broker.config.settings import Settings
+from broker.protocol import CallContext, CallEnvelope, Group
+from tests.conftest import Isolated
+from workers.execute import WorkerRuntime
+from workers.registry import Registry
 from workers.scrub import REDACTED, Scrubber, secrets_of
+from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
 
 scrub = Scrubber(["hunter2-literal"])
 
@@ -139,3 +147,55 @@ def test_secrets_named_by_environment_variable_are_known(monkeypatch: pytest.Mon
     assert {"123456:telegram-bot-token", "img-endpoint-key-42", "eleven-key-123"} <= set(
         secrets_of(settings)
     )
+
+
+class _LeakInput(ToolInput):
+    pass
+
+
+class Leaky(Tool[_LeakInput]):
+    """Puts secrets in both its texts: what the model reads and what the user is shown."""
+
+    name = "leaky"
+    description = "Leaks."
+    group = Group.fs
+    input_model = _LeakInput
+    side_effect = SideEffect.read
+
+    def run(self, args: _LeakInput, ctx: ToolContext) -> ToolResult:
+        text = (
+            "$ curl -H 'Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc' "
+            "postgresql://app:pa55word@db/x sk-ant-api03-abcdefghijklmnopqrstuv "
+            "own-openai-key-0123456789"
+        )
+        return ToolResult(for_llm=text, for_user=text)
+
+
+def test_what_the_user_is_shown_is_scrubbed_as_what_the_model_reads(isolated: Isolated) -> None:
+    """The worker scrubs for_user too (a command line shown to a person can hold a
+    token), with the vendor formats and the process's own secrets; so does the reply it
+    pushes and the ledger's copy."""
+    settings = isolated.settings.model_copy(update={"openai_api_key": "own-openai-key-0123456789"})
+    runtime = WorkerRuntime.start(settings, Registry([Leaky]), "fs", "n")
+    try:
+        envelope = CallEnvelope(
+            call_id="c",
+            job_id="j",
+            session_id="s",
+            tool="leaky",
+            input={},
+            context=CallContext(workspace="/tmp"),
+            timeout_s=5,
+            deadline=time.time() + 60,
+            reply_to="replies",
+        )
+        outcome = runtime.run_call(envelope)
+        assert outcome is not None
+        pushed = redis.Redis.from_url(isolated.redis_url).lrange("replies", 0, -1)
+        for text in (outcome.for_user, outcome.for_llm, *(r.decode() for r in pushed)):
+            for secret in ("eyJhbGciOiJIUzI1NiJ9", "pa55word", "sk-ant-api03", "own-openai-key"):
+                assert secret not in text, (secret, text)
+            assert REDACTED in text
+        assert outcome.for_user.startswith("$ curl -H 'Authorization: Bearer [REDACTED]")
+    finally:
+        runtime.stop()

@@ -107,3 +107,57 @@ def test_lines_that_cannot_be_judged_say_so(line: str) -> None:
 )
 def test_command_patterns(spec: str, text: str, matches: bool) -> None:
     assert bool(command_pattern(spec).fullmatch(text)) is matches
+
+
+@pytest.mark.parametrize(
+    ("line", "commands"),
+    [  # the four, and their kin: each target is where the variable points
+        ("f=running/c1; touch $f", ["touch running/c1"]),
+        ('for f in *.txt; do mv "$f" "${f%.txt}.md"; done', ["mv *.txt *.md"]),
+        (
+            'out=build; mkdir -p "$out" && cp src/*.c "$out"/',
+            ["mkdir -p build", "cp src/*.c build/"],
+        ),
+        ('name=report; echo data > "${name}.csv"', ["echo data > report.csv"]),
+        ("for d in a b; do rm -rf /$d; done", ["rm -rf /a", "rm -rf /b"]),
+        ("export D=x; f=$D/y; touch $f", ["touch x/y"]),
+        ("a=1 b=2; touch $a$b", ["touch 12"]),
+        ('f=a.tar.gz; touch "${f%%.*}" "${f#*.}" "${g:-dflt}"', ['touch a tar.gz "${g:-dflt}"']),
+        ("rm -rf $HOME", ["rm -rf ~"]),
+        ('rm -rf "$PWD" "$(pwd)"', ["rm -rf . .", "pwd"]),
+        ("c=rm; $c -rf /", ["rm -rf /"]),
+        ("f=x; f+=y; touch $f", ["touch xy"]),
+    ],
+)
+def test_variables_the_line_assigns_are_resolved(line: str, commands: list[str]) -> None:
+    parsed = parse_shell(line)
+    assert parsed.ok, parsed.error
+    shown = [c.text + "".join(f" > {t}" for t in c.writes_to) for c in parsed.commands]
+    assert shown == commands
+
+
+@pytest.mark.parametrize(
+    ("line", "target"),
+    [  # where the line does not say what a variable holds, it stays unresolved
+        ("x || f=build && rm -rf $f", "$f"),  # f=build may not have run
+        ("f=/; if x; then f=build; else rm -rf $f; fi; rm -rf $f", None),  # / and build
+        ('d=build; f(){ rm -rf "$d"; }; d=/; f', '"$d"'),  # a body runs when called
+        ("d=$PWD; cd sub; rm -rf $d", "$d"),  # $PWD moves with cd
+        ('f="build /"; rm -rf $f', "$f"),  # unquoted, it splits
+        ("read f; rm -rf $f", "$f"),
+        ("f=build; read f; rm -rf $f", "$f"),
+        ("D=x; sh -c 'rm -rf $D'", "$D"),  # not exported: the new shell has none
+        ("f=build; for i in 1 2; do f=$f/..; done; rm -rf $f", "$f"),  # a loop's own
+        ("f=build; . ./env.sh; rm -rf $f", "$f"),  # a sourced file may set anything
+        ("i=build; ((i++)); rm -rf $i", "$i"),  # arithmetic
+        ("tmp=$(mktemp -d); rm -rf $tmp", "$tmp"),  # a command's output
+    ],
+)
+def test_what_the_line_does_not_say_stays_unknown(line: str, target: str | None) -> None:
+    parsed = parse_shell(line)
+    assert parsed.ok, parsed.error
+    rms = [c for c in parsed.commands if c.name == "rm"]
+    if target is None:
+        assert sorted(c.text for c in rms) == ["rm -rf /", "rm -rf /", "rm -rf build"]
+    else:
+        assert rms[-1].argv[-1] == target

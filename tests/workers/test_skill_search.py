@@ -109,9 +109,19 @@ def write_skill(root: Path, folder: str, name: str, description: str, body: str 
     return path
 
 
-def test_corpus_has_twenty_distinct_skills() -> None:
+def test_corpus_has_twenty_distinct_skills(caplog: pytest.LogCaptureFixture) -> None:
+    """As skill_search loads them: twenty skills, none skipped (no malformed front matter,
+    no name taken twice), each named as its folder, with a description and instructions,
+    and each query's answer is one of them."""
     folders = sorted(p.parent.name for p in CORPUS.glob("*/SKILL.md"))
-    assert len(folders) == 20 and len(set(folders)) == 20
+    with caplog.at_level(logging.WARNING):
+        loaded, _ = skill_index.load_skills(skill_index.find_skill_files([str(CORPUS)]))
+    assert caplog.records == []
+    assert len(folders) == 20 and sorted(s.name for s in loaded) == folders
+    for skill in loaded:
+        assert Path(skill.path).parent.name == skill.name
+        assert len(skill.description) >= 40 and len(skill.body) >= 200, skill.name
+    assert len({s.description for s in loaded}) == 20
     assert sorted(q[1] for q in QUERIES) == folders
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -287,7 +287,7 @@ def test_edge_connections_pass_the_egress_policy(vendor: Site) -> None:
 
 
 def test_the_daily_quota_moves_a_call_to_the_next_provider(
-    isolated: Isolated, store: Store, vendor: Site
+    isolated: Isolated, store: Store, vendor: Site, day: Callable[[str], None]
 ) -> None:
     client = redis.Redis.from_url(isolated.redis_url)
     settings = settings_for(

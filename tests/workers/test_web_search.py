@@ -5,7 +5,7 @@ cache on real Redis."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -176,7 +176,7 @@ def test_a_failing_provider_falls_through_then_its_breaker_opens(
 
 
 def test_a_quota_holds_across_workers_and_the_cache_answers_repeats(
-    providers: Site, isolated: Isolated
+    providers: Site, isolated: Isolated, day: Callable[[str], None]
 ) -> None:
     settings = settings_for(
         isolated,
@@ -192,6 +192,8 @@ def test_a_quota_holds_across_workers_and_the_cache_answers_repeats(
     again = search(settings, other, query="a")
     assert again.metadata["cached"] and again.metadata["provider"] == "brave"
     assert len(providers.seen) == 2
+    day("20260602")  # a new UTC day: a new quota
+    assert search(settings, other, query="c").metadata["provider"] == "brave"
     one.close()
     other.close()
 

@@ -6,8 +6,9 @@ Code confine theirs). Under bubblewrap (`CLAWQ_EXEC_CONFINEMENT=auto|bwrap`):
 
 - the filesystem is read-only except the job's workspace and a private `/tmp`;
 - the worker's home, `/root`, `/home`, `/run` (service sockets: Docker, PostgreSQL) and
-  secret files (`CLAWQ_EXEC_HIDDEN_PATHS`) are empty or gone; the environment is the
-  short list `exec` passes;
+  secret files (`CLAWQ_EXEC_HIDDEN_PATHS`) are empty or gone, and so are other users'
+  workspaces (the workspace roots, the job's own bound back), artifact files and
+  downloads; the environment is the short list `exec` passes;
 - the command has a PID namespace of its own, so `kill -9 -1` reaches only its own tree,
   and no capabilities (as root, only those to own and write files of the workspace);
 - there is no network unless the job or its agent allows it (an allow rule `network`,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -40,6 +42,11 @@ HOME_SECRETS = (".ssh", ".aws", ".config", ".gnupg", ".kube", ".docker", ".netrc
 # root keeps only what writing the workspace's files needs (they may belong to others)
 ROOT_CAPS = ("CAP_DAC_OVERRIDE", "CAP_CHOWN", "CAP_FOWNER")
 PROBE_TIMEOUT_S = 10.0
+PRIVATE = ("/tmp", "/dev/shm")  # empty and private in the sandbox
+# a path in a command's text: absolute, from home, or leaving by `..` (inside quoted code too)
+PATH_WORD = re.compile(
+    r"""(?:^|(?<=[\s'"=(:;|&<>`,]))(~?/[^\s'"();|&<>`,]*|\.\.(?:/[^\s'"();|&<>`,]*)?)"""
+)
 # bubblewrap's --die-with-parent leaves a window of a few milliseconds after its start in
 # which a killed worker leaves the sandbox running, reparented to init (measured: 9 of 10
 # sandboxes survived a kill 6 ms after the spawn), and a redelivered call would then run
@@ -144,13 +151,19 @@ def _under(path: str, root: str) -> bool:
 
 
 def hidden_paths(settings: Settings) -> tuple[str, ...]:
-    """What a confined command must not see: the settings' list, the worker's home and
-    clawq's own state directories, resolved (a symlink like /var/run is its target)."""
+    """What a confined command must not see: the settings' list, the worker's home,
+    clawq's own state directories, and what belongs to users: the workspace roots (every
+    user's workspaces; the job's own is bound back over them), artifact files and browser
+    downloads. Resolved (a symlink like /var/run is its target)."""
     candidates = [
         *settings.exec_hidden_paths,
         os.path.expanduser("~"),
         settings.process_state_dir,
         os.environ.get("CLAWQ_HOME", ""),
+        settings.workspace_root,
+        *granted_roots(settings),
+        settings.artifact_dir,
+        settings.browser_download_dir,
     ]
     seen: dict[str, None] = {}
     for path in candidates:
@@ -158,6 +171,19 @@ def hidden_paths(settings: Settings) -> tuple[str, ...]:
         if real and not _under("/usr", real):  # a home of `/` must not hide the system
             seen.setdefault(real, None)
     return tuple(seen)
+
+
+def granted_roots(settings: Settings) -> list[str]:
+    """The workspace roots admins granted in users' ceilings, as the directories that hold
+    every user's: `/srv/shared/{user}` is `/srv/shared`."""
+    roots = []
+    for ceiling in settings.user_ceilings.values():
+        for root in ceiling.workspace_roots:
+            head, templated, _ = root.partition("{user}")
+            if templated:
+                head = head.rstrip("/") if head.endswith("/") else os.path.dirname(head)
+            roots.append(head)
+    return roots
 
 
 def for_settings(settings: Settings) -> Confinement:
@@ -201,6 +227,32 @@ def probe(bwrap: str, hidden: tuple[str, ...]) -> str:
         detail = done.stderr.decode(errors="replace").strip().splitlines()
         return f"bubblewrap failed: {detail[-1] if detail else f'exit {done.returncode}'}"
     return ""
+
+
+def contains(settings: Settings) -> bool:
+    """Whether commands run contained here: in the sandbox, or under bubblewrap that
+    works. The orchestrator's answer stands for its workers' (one image, one setting); a
+    worker that does not confine refuses a call allowed on it (`CallContext.confined`)."""
+    return settings.sandbox_enabled or for_settings(settings).confined
+
+
+def unseen(confinement: Confinement, command: str, workspace: str, cwd: str) -> list[str]:
+    """Paths `command` names that exist on this host but that a confined command does not
+    see: under a hidden path or the private /tmp. A command that `succeeds` on one (`rm
+    -rf ../x` where `..` is an empty /tmp) changed nothing, and the model must be told."""
+    if not confinement.confined:
+        return []
+    ws = os.path.realpath(workspace)
+    found: dict[str, None] = {}
+    for token in PATH_WORD.findall(command):
+        token = token.rstrip(",")
+        home = token.startswith("~")
+        path = os.path.normpath(os.path.expanduser(token) if home else os.path.join(cwd, token))
+        if _under(path, ws) or not os.path.lexists(path):
+            continue
+        if any(_under(path, h) for h in (*confinement.hidden, *PRIVATE)):
+            found.setdefault(token, None)
+    return list(found)[:3]
 
 
 def describe(confinement: Confinement) -> str:

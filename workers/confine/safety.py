@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Literal
 
 from workers.confine.shell import SHELLS, ParsedShell, SimpleCommand, find_parts, parse_shell
 
@@ -168,10 +169,18 @@ def _long(flags: set[str], name: str) -> bool:
 
 def _outside(path: str) -> bool:
     """A resolved path (see `SimpleCommand.resolve`) that leaves the working directory:
-    absolute, home, computed, or `..`."""
-    if path.startswith(("/", "~", "$")):
+    absolute, home, or `..`. A path the line does not say (`_unknown`) is not known to."""
+    if _unknown(path):
+        return False
+    if path.startswith(("/", "~")):
         return True
     return ".." in PurePosixPath(path).parts
+
+
+def _unknown(path: str) -> bool:
+    """A resolved path that still holds an expansion: a variable the line did not assign,
+    a command's output, or a directory a `cd "$X"` moved to."""
+    return "$" in path or "`" in path
 
 
 def _whole(path: str) -> bool:
@@ -484,12 +493,50 @@ def judge(parsed: ParsedShell) -> Finding | None:
 
 
 def unknown_targets(parsed: ParsedShell) -> str | None:
-    """Why a parsed line must be asked about although nothing in it is known to be
-    dangerous: a command that changes files gets its targets from stdin or a file
-    (`… | xargs rm -rf`), so no one can say what it will touch."""
+    """Why a line cannot be checked although nothing in it is known to be dangerous: a
+    command that changes files gets its targets from stdin or a file (`… | xargs rm -rf`),
+    or writes where the line does not say (`rm -rf "$TMP"/x`, `cd "$DIR" && touch f`), or
+    its name is computed, so no one can say what it will touch. Confinement holds the
+    workspace boundary whatever the targets are; unconfined, such a line is asked."""
     for c in parsed.commands:
-        if c.stdin_args and not c.wrapper and c.name in TARGET_TAKERS:
+        if c.wrapper:
+            continue
+        if c.stdin_args and c.name in TARGET_TAKERS:
             return f"`{c.text}` takes its targets from its input, so they cannot be checked"
+        if c.dynamic_name:
+            return f"`{c.text}`: the command's name is computed at run time"
+        for target in _changed(c):
+            if _unknown(c.resolve(target)):
+                where = f" (in {c.cwd})" if _unknown(c.cwd) else ""
+                return f"`{c.text}` writes {target}{where}, which is not known until it runs"
+    return None
+
+
+def _changed(c: SimpleCommand) -> list[str]:
+    """What a command writes, deletes or changes the modes of."""
+    targets = write_targets(c)
+    _, operands = _flags(c.argv)
+    if c.name in ("chmod", "chown", "chgrp"):
+        targets += operands[1:]
+    if c.name == "find":
+        starts, expression, actions = find_parts(c.argv)
+        if "-delete" in expression or actions:
+            targets += starts or ["."]
+    return targets
+
+
+def check_line(line: str, base: str = ".") -> tuple[Literal["deny", "ask", "confined"], str] | None:
+    """A shell tool's own verdict on a line run in `base`: ("deny", why) for what is known
+    to be dangerous; ("ask", why) for a line that does not parse; ("confined", why) for one
+    whose targets cannot be known (it may run where commands are confined, and is asked
+    elsewhere); None when nothing in it needs either."""
+    if finding := judge_line(line, base):
+        return "deny", finding.message()
+    parsed = parse_shell(line, base)
+    if not parsed.ok:
+        return "ask", f"{parsed.error}, so it cannot be checked against the rules"
+    if reason := unknown_targets(parsed):
+        return "confined", reason
     return None
 
 

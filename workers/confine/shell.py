@@ -21,6 +21,17 @@ from functools import cache, lru_cache
 import bracex
 from tree_sitter import Language, Node, Parser
 
+from workers.confine.shell_vars import (
+    MAX_CANDIDATES,
+    MOVES_CWD,
+    SETTERS,
+    Values,
+    Vars,
+    product,
+    strip,
+    union,
+)
+
 MAX_COMMAND_CHARS = 10_000
 MAX_NESTING = 5
 MAX_BRACE_WORDS = 64
@@ -158,14 +169,21 @@ class ParsedShell:
 
 
 @dataclass
-class _Cwd:
-    """The directory the next command runs in, moved by `cd`, `pushd` and `popd`."""
+class _Scope:
+    """What the shell knows before the next command: the directory it runs in (moved by
+    `cd`, `pushd` and `popd`) and the variables the line assigned (`workers.confine.shell_vars`)."""
 
     base: str = "."
     stack: list[str] = field(default_factory=list)
+    vars: Vars = field(default_factory=Vars)
 
-    def copy(self) -> _Cwd:
-        return _Cwd(self.base, list(self.stack))
+    def copy(self) -> _Scope:
+        """A subshell's: the same values, and nothing flows back."""
+        return _Scope(self.base, list(self.stack), self.vars.copy())
+
+    def child(self) -> _Scope:
+        """A new shell's: the same directory, only exported variables."""
+        return _Scope(self.base, list(self.stack), self.vars.child())
 
     def change(self, command: SimpleCommand) -> None:
         operands = [a for a in command.argv[1:] if not a.startswith("-") or a == "-"]
@@ -194,24 +212,115 @@ def parse_shell(source: str, base: str = ".") -> ParsedShell:
     if len(source) > MAX_COMMAND_CHARS:
         return ParsedShell(error=f"command longer than {MAX_COMMAND_CHARS} characters")
     result = ParsedShell()
-    _collect(source, result, 0, _Cwd(posixpath.normpath(base or ".")))
+    _collect(source, result, 0, _Scope(posixpath.normpath(base or ".")))
     if result.error:
         expanded = _brace_expanded(source)  # `{rm,-rf,/}` does not parse, its expansion does
         if expanded is not None:
             retry = ParsedShell()
-            _collect(expanded, retry, 0, _Cwd(posixpath.normpath(base or ".")))
+            _collect(expanded, retry, 0, _Scope(posixpath.normpath(base or ".")))
             if retry.ok:
                 return retry
     return result
 
 
-def _collect(source: str, result: ParsedShell, depth: int, cwd: _Cwd) -> None:
+def _collect(source: str, result: ParsedShell, depth: int, cwd: _Scope) -> None:
     data = source.encode()
     tree = _parser().parse(data)
     if tree.root_node.has_error:
         result.error = "the command does not parse as shell"
         return
+    _prescan(tree.root_node, data, cwd.vars)
+    cwd.vars.moves_cwd |= bool(MOVES_CWD.search(source))
     _walk(tree.root_node, data, result, depth, (), cwd)
+
+
+ARITHMETIC_NODES = frozenset({"arithmetic_expansion", "c_style_for_statement"})
+LOOPS = frozenset({"for_statement", "c_style_for_statement", "while_statement", "until_statement"})
+
+
+def _prescan(root: Node, data: bytes, vars: Vars) -> None:
+    """Names no value can be given for anywhere in the line: set by arithmetic, in a
+    function (called who knows when), by `read` and its kind, `declare` with attributes;
+    and a `source`d file or computed `eval` makes every variable unknown."""
+    stack = [(root, False, False)]
+    while stack:
+        node, in_function, in_arithmetic = stack.pop()
+        kind = node.type
+        in_function = in_function or kind == "function_definition"
+        in_arithmetic = (
+            in_arithmetic
+            or kind in ARITHMETIC_NODES
+            or (kind == "compound_statement" and _text(node, data).startswith("(("))
+        )
+        if kind == "variable_name" and in_arithmetic:
+            vars.unstable.add(_text(node, data))
+        if kind == "variable_assignment" and in_function:
+            vars.unstable.add(_assigned_name(node, data))
+        if kind == "declaration_command":
+            flags = {_text(c, data) for c in node.children if c.type == "word"}
+            if flags - {"-x", "-r", "-g", "-rx", "-xr"} or in_function:
+                vars.unstable.update(_declared_names(node, data))
+        if kind == "command":
+            words = [_text(c, data) for c in node.children if c.type in ("word", "command_name")]
+            name = os.path.basename(words[0]) if words else ""
+            if name in SETTERS:
+                vars.unstable.update(w for w in words[1:] if w.isidentifier())
+            if name in SOURCES and not any(w in STDIN_FILES for w in words[1:]):
+                vars.opaque = True
+            if name == "eval" and _has_dynamic(node):
+                vars.opaque = True
+        stack.extend((c, in_function, in_arithmetic) for c in node.children)
+
+
+def _assigned_name(node: Node, data: bytes) -> str:
+    """The variable a `variable_assignment` sets (an array element: the array)."""
+    first = node.children[0] if node.children else node
+    if first.type == "subscript" and first.children:
+        first = first.children[0]
+    return _text(first, data)
+
+
+def _declared_names(node: Node, data: bytes) -> list[str]:
+    return [
+        _assigned_name(c, data) if c.type == "variable_assignment" else _text(c, data)
+        for c in node.children
+        if c.type in ("variable_assignment", "variable_name")
+    ]
+
+
+def _assigned(node: Node, data: bytes) -> set[str]:
+    """Every variable a part of the line assigns (a loop's body, a branch)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        at = stack.pop()
+        if at.type == "variable_assignment" and (at.parent is None or at.parent.type != "command"):
+            found.add(_assigned_name(at, data))
+        if at.type == "for_statement":
+            name = at.child_by_field_name("variable")
+            if name is not None:
+                found.add(_text(name, data))
+        stack.extend(at.children)
+    return found
+
+
+def _assign(node: Node, data: bytes, cwd: _Scope, export: bool = False) -> None:
+    """A statement `name=value` (or `name+=value`): the variable holds the value's
+    candidates from here on (a prefix `name=value cmd` is the command's alone)."""
+    parts = node.children
+    if not parts or parts[0].type != "variable_name":
+        if parts:
+            cwd.vars.assign(_assigned_name(node, data), None)
+        return
+    name = _text(parts[0], data)
+    operator = parts[1].type if len(parts) > 1 else "="
+    value_nodes = parts[2:]
+    value: Values = ("",)
+    if value_nodes:
+        value = _values(value_nodes[0], data, cwd, quoted=True)
+    if operator == "+=":
+        value = product([cwd.vars.lookup(name, cwd.base), value])
+    cwd.vars.assign(name, value, export)
 
 
 def _walk(
@@ -220,12 +329,12 @@ def _walk(
     result: ParsedShell,
     depth: int,
     writes: tuple[str, ...],
-    cwd: _Cwd,
+    cwd: _Scope,
 ) -> None:
     if node.type in SUBSHELL_NODES:
         cwd = cwd.copy()
     if node.type == "redirected_statement":
-        targets = writes + _redirect_targets(node, data, OUTPUT_REDIRECTS)
+        targets = writes + _redirect_targets(node, data, OUTPUT_REDIRECTS, cwd)
         first = len(result.commands)
         redirects = ("file_redirect", "heredoc_redirect", "herestring_redirect")
         if not any(c.type not in redirects for c in node.children):  # `> file` alone
@@ -236,7 +345,7 @@ def _walk(
                 owner = _walk_redirected(child, data, result, depth, writes, targets, cwd)
             else:
                 _walk(child, data, result, depth, writes, cwd)  # substitutions inside redirects
-        if reads := _redirect_targets(node, data, INPUT_REDIRECTS):
+        if reads := _redirect_targets(node, data, INPUT_REDIRECTS, cwd):
             for i in range(owner, len(result.commands)):
                 result.commands[i] = replace(result.commands[i], reads_from=reads)
         body = next(
@@ -258,27 +367,187 @@ def _walk(
     if node.type == "function_definition":
         name_node = node.child_by_field_name("name")
         start = len(result.commands)
+        outer = cwd.vars  # a body runs when called: what the line assigned is unknown there
+        cwd.vars = Vars(unstable=outer.unstable, opaque=outer.opaque, moves_cwd=True)
         for child in node.children:
             _walk(child, data, result, depth, writes, cwd)
+        cwd.vars = outer
         if name_node is not None:
             name = _text(name_node, data)
             calls = sum(1 for c in result.commands[start:] if c.argv[:1] == (name,))
             result.self_calls[name] = calls
         return
+    if node.type in LOOPS:
+        _walk_loop(node, data, result, depth, writes, cwd)
+        return
+    if node.type in ("if_statement", "case_statement"):
+        _walk_branches(node, data, result, depth, writes, cwd)
+        return
+    if node.type == "list":
+        _walk_list(node, data, result, depth, writes, cwd, None)
+        return
+    parent = node.parent
+    if node.type == "variable_assignment" and parent is not None and parent.type != "command":
+        for child in node.children:
+            _walk(child, data, result, depth, writes, cwd)
+        export = parent.type == "declaration_command" and (
+            _text(parent, data).startswith("export")
+            or "-x" in {_text(c, data) for c in parent.children}
+        )
+        _assign(node, data, cwd, export)
+        return
+    if node.type == "declaration_command" and _text(node, data).startswith("export"):
+        for child in node.children:
+            if child.type == "variable_name":
+                cwd.vars.exported.add(_text(child, data))
     if node.type == "command":
-        command = _simple_command(node, data, writes, cwd.base)
         first = len(result.commands)
-        result.commands.append(command)
-        _look_through(command, result, depth, cwd)
-        for c in result.commands[first:]:
-            if c.name in CD_COMMANDS and not c.wrapper:
-                cwd.change(c)
+        variants = _simple_commands(node, data, writes, cwd)
+        for command in variants:
+            start = len(result.commands)
+            result.commands.append(command)
+            _look_through(command, result, depth, cwd)
+            for c in result.commands[start:]:
+                if c.name in CD_COMMANDS and not c.wrapper:
+                    cwd.change(c)
+        if len(variants) > 1 and any(
+            c.name in CD_COMMANDS for c in result.commands[first:]
+        ):  # one of several directories
+            cwd.base = "$"
         herestring = next((c for c in node.children if c.type == "herestring_redirect"), None)
         if herestring is not None and herestring.children[1:]:
             script = _word(herestring.children[-1], data)[0]
-            _stdin_script(command, script, result, depth, cwd)
+            _stdin_script(variants[0], script, result, depth, cwd)
     for child in node.children:
         _walk(child, data, result, depth, writes if node.type != "command" else (), cwd)
+
+
+def _walk_loop(
+    node: Node,
+    data: bytes,
+    result: ParsedShell,
+    depth: int,
+    writes: tuple[str, ...],
+    cwd: _Scope,
+) -> None:
+    """A loop's body may run any number of times: what it assigns is unknown when it
+    starts (a later round sees an earlier one's) and after it; a `for` variable holds
+    each of its words (a glob: the names it matches)."""
+    assigned = _assigned(node, data)
+    variable = node.child_by_field_name("variable") if node.type == "for_statement" else None
+    items: Values = None
+    if variable is not None:
+        words = [
+            c for c in node.children if c.is_named and c.type not in ("variable_name", "do_group")
+        ]
+        for word in words:  # substitutions in the list run before the loop
+            _walk(word, data, result, depth, writes, cwd)
+        has_in = any(c.type == "in" for c in node.children)
+        items = union(*(_values(w, data, cwd) for w in words)) if has_in else None
+    cwd.vars.forget(assigned)
+    for child in node.children:
+        if variable is not None and child.type != "do_group":
+            continue
+        if variable is not None:
+            cwd.vars.assign(_text(variable, data), items)
+        _walk(child, data, result, depth, writes, cwd)
+    cwd.vars.forget(assigned)
+
+
+def _walk_branches(
+    node: Node,
+    data: bytes,
+    result: ParsedShell,
+    depth: int,
+    writes: tuple[str, ...],
+    cwd: _Scope,
+) -> None:
+    """`if` and `case`: one branch runs, or none; each starts from what held before it,
+    and after them a variable holds what any of them left (`workers.confine.shell_vars.merge`)."""
+    branches: list[list[Node]] = [[]]
+    heads: list[Node] = []
+    in_head = True
+    for child in node.children:
+        kind = child.type
+        if node.type == "if_statement" and kind == "then":
+            in_head = False
+        elif kind in ("elif_clause", "else_clause", "case_item"):
+            branches.append([child])
+        elif (in_head and node.type == "if_statement") or (
+            node.type == "case_statement" and not branches[-1] and kind != "case_item"
+        ):
+            heads.append(child)
+        elif kind not in ("fi", "esac"):
+            branches[-1].append(child)
+    for head in heads:  # the condition, the case word: they always run
+        _walk(head, data, result, depth, writes, cwd)
+    before = cwd.vars
+    ends = [] if any(c.type == "else_clause" for c in node.children) else [before.copy()]
+    for branch in branches:
+        if not branch:
+            continue
+        cwd.vars = before.copy()
+        for child in branch:
+            _walk(child, data, result, depth, writes, cwd)
+        ends.append(cwd.vars)
+    cwd.vars = before
+    before.merge(before.copy(), ends, cwd.base)
+
+
+def _walk_list(
+    node: Node,
+    data: bytes,
+    result: ParsedShell,
+    depth: int,
+    writes: tuple[str, ...],
+    cwd: _Scope,
+    targets: tuple[str, ...] | None,
+) -> int:
+    """`a && b || c`: each part after the first may not run. Along `&&` alone the parts
+    run in order, so an assignment holds for the parts after it; after the list it holds
+    what it held before or after. With `||`, a later part may run without an earlier
+    one, so what the later parts assign is unknown in them and after. `targets`: a
+    redirect of the whole list, which bash gives its last part (see `_walk_redirected`).
+    Returns where the last part's commands start."""
+    parts, operators = _flatten_list(node)
+    later = set().union(*(_assigned(p, data) for p in parts[1:]))
+    alternatives = "||" in operators
+    before = cwd.vars.copy()
+    start = len(result.commands)
+    for index, part in enumerate(parts):
+        if index == 1:  # the first part always runs
+            before = cwd.vars.copy()
+            if alternatives:
+                cwd.vars.blocked |= later
+        start = len(result.commands)
+        if index == len(parts) - 1 and targets is not None:
+            start = _walk_redirected(part, data, result, depth, writes, targets, cwd)
+        else:
+            _walk(part, data, result, depth, writes, cwd)
+    cwd.vars.blocked -= later - before.blocked
+    if alternatives:
+        cwd.vars.forget(later)
+    else:
+        after = cwd.vars.copy()
+        cwd.vars.merge(before, [before, after], cwd.base)
+    return start
+
+
+def _flatten_list(node: Node) -> tuple[list[Node], list[str]]:
+    """The parts of a list and the operators between them (tree-sitter nests `a && b || c`
+    to the left)."""
+    parts: list[Node] = []
+    operators: list[str] = []
+    for child in node.children:
+        if child.type == "list":
+            inner, ops = _flatten_list(child)
+            parts += inner
+            operators += ops
+        elif child.is_named:
+            parts.append(child)
+        elif child.type in ("&&", "||"):
+            operators.append(child.type)
+    return parts, operators
 
 
 def _walk_redirected(
@@ -288,16 +557,13 @@ def _walk_redirected(
     depth: int,
     writes: tuple[str, ...],
     targets: tuple[str, ...],
-    cwd: _Cwd,
+    cwd: _Scope,
 ) -> int:
     """Walk what a redirect applies to; returns where its commands start in `result`.
     tree-sitter-bash hangs `a && b > f` and `a | b > f` on the whole list or pipeline,
     but bash gives the redirect to `b` alone: only the last part gets the targets."""
     if node.type == "list":
-        parts = [c for c in node.children if c.is_named]
-        for part in parts[:-1]:
-            _walk(part, data, result, depth, writes, cwd)
-        return _walk_redirected(parts[-1], data, result, depth, writes, targets, cwd)
+        return _walk_list(node, data, result, depth, writes, cwd, targets)
     if node.type == "pipeline":
         return _walk_pipeline(node, data, result, depth, writes, targets, cwd)
     start = len(result.commands)
@@ -312,7 +578,7 @@ def _walk_pipeline(
     depth: int,
     writes: tuple[str, ...],
     last_writes: tuple[str, ...],
-    cwd: _Cwd,
+    cwd: _Scope,
 ) -> int:
     """Each stage runs in a subshell of its own; returns where the last stage starts."""
     stages: list[list[int]] = []
@@ -331,18 +597,21 @@ def _walk_pipeline(
 
 
 def _stdin_script(
-    fed: SimpleCommand, script: str, result: ParsedShell, depth: int, cwd: _Cwd
+    fed: SimpleCommand, script: str, result: ParsedShell, depth: int, cwd: _Scope
 ) -> None:
     """`sh <<EOF … EOF`, `bash <<< '…'`, `. /dev/stdin <<< '…'`: a script the shell runs."""
     runs_stdin = (fed.name in SHELLS and _shell_script(fed) is None) or (
         fed.name in SOURCES and any(a in STDIN_FILES for a in fed.argv[1:])
     )
     if runs_stdin and depth < MAX_NESTING:
-        _collect(script, result, depth + 1, cwd.copy() if fed.name in SHELLS else cwd)
+        _collect(script, result, depth + 1, cwd.child() if fed.name in SHELLS else cwd)
 
 
-def _redirect_targets(node: Node, data: bytes, operators: frozenset[str]) -> tuple[str, ...]:
-    """Files a statement's redirects with these operators name (not fds, not /dev/null)."""
+def _redirect_targets(
+    node: Node, data: bytes, operators: frozenset[str], cwd: _Scope
+) -> tuple[str, ...]:
+    """Files a statement's redirects with these operators name (not fds, not /dev/null);
+    a target that holds a variable the line assigned is each of its values."""
     targets = []
     for child in node.children:
         if child.type != "file_redirect":
@@ -354,14 +623,18 @@ def _redirect_targets(node: Node, data: bytes, operators: frozenset[str]) -> tup
         destination = parts[at + 1]  # what follows the operator (`0>&1` may trail it)
         if destination.type == "file_descriptor":
             continue
-        target = _word(destination, data)[0]
-        if target != "/dev/null" and not target.isdigit() and not target.startswith("&"):
-            targets.append(target)
+        for target in _resolved(destination, data, cwd):
+            if target != "/dev/null" and not target.isdigit() and not target.startswith("&"):
+                targets.append(target)
     return tuple(targets)
 
 
-def _simple_command(node: Node, data: bytes, writes: tuple[str, ...], cwd: str) -> SimpleCommand:
-    argv: list[str] = []
+def _simple_commands(
+    node: Node, data: bytes, writes: tuple[str, ...], cwd: _Scope
+) -> list[SimpleCommand]:
+    """The command a `command` node runs: one, or one per combination of the values of
+    the variables in its words (a `for` variable over `a b` runs it twice)."""
+    words: list[list[tuple[str, ...]]] = []  # per word: its alternatives, each some argv words
     assignments: list[str] = []
     dynamic_name = False
     for child in node.children:
@@ -369,16 +642,99 @@ def _simple_command(node: Node, data: bytes, writes: tuple[str, ...], cwd: str) 
             assignments.append(_text(child, data))
         elif child.type == "command_name":
             word_node = child.children[0] if child.children else child
-            words = _expanded(word_node, data)
-            argv += words
-            dynamic_name = _has_dynamic(word_node)
+            values = _values(word_node, data, cwd)
+            dynamic_name = values is None or len(values) != 1
+            words.append([tuple(_expanded(word_node, data))] if dynamic_name else [values or ("",)])
         elif child.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
             continue
+        elif _has_dynamic(child) and (values := _values(child, data, cwd)) is not None:
+            words.append([(v,) for v in values])
         else:
-            argv += _expanded(child, data)
-    return SimpleCommand(
-        tuple(argv), tuple(assignments), writes_to=writes, dynamic_name=dynamic_name, cwd=cwd
-    )
+            words.append([tuple(_expanded(child, data))])
+    combinations: list[tuple[str, ...]] = [()]
+    for alternatives in words:
+        combinations = [argv + alt for argv in combinations for alt in alternatives]
+    if len(combinations) > MAX_CANDIDATES:  # too many to judge one by one: left unresolved
+        combinations = [tuple(w for child in node.children for w in _raw_words(child, data))]
+    return [
+        SimpleCommand(
+            argv, tuple(assignments), writes_to=writes, dynamic_name=dynamic_name, cwd=cwd.base
+        )
+        for argv in combinations
+    ]
+
+
+def _raw_words(node: Node, data: bytes) -> list[str]:
+    if node.type in ("variable_assignment", "file_redirect", "herestring_redirect"):
+        return []
+    if node.type == "heredoc_redirect":
+        return []
+    target = node.children[0] if node.type == "command_name" and node.children else node
+    return _expanded(target, data)
+
+
+def _resolved(node: Node, data: bytes, cwd: _Scope) -> list[str]:
+    """A word's values where the line says what its variables hold, else as written."""
+    if _has_dynamic(node) and (values := _values(node, data, cwd)) is not None:
+        return list(values)
+    return [_word(node, data)[0]]
+
+
+def _values(node: Node, data: bytes, cwd: _Scope, quoted: bool = False) -> Values:
+    """A word's candidate values given what the line assigned, or None when unknown. An
+    unquoted expansion whose value would be split (it holds blanks) is unknown."""
+    kind = node.type
+    if not _has_dynamic(node):
+        return (_word(node, data)[0],)
+    if kind == "string":
+        parts = [c for c in node.children if c.type not in ('"', "$")]
+        return product([_values(c, data, cwd, quoted=True) for c in parts])
+    if kind == "concatenation":
+        return product([_values(c, data, cwd, quoted) for c in node.children])
+    if kind == "simple_expansion":
+        name = node.children[-1] if node.children else node
+        values = cwd.vars.lookup(_text(name, data), cwd.base)
+    elif kind == "expansion":
+        values = _expansion(node, data, cwd)
+    elif kind == "command_substitution":
+        inner = _text(node, data).strip("$()` \t\n")
+        values = cwd.vars.lookup("PWD", cwd.base) if inner == "pwd" else None
+    elif kind == "arithmetic_expansion":
+        values = ("0",)  # a number, whatever it computes
+    else:
+        return None
+    if values is not None and not quoted and any(any(c in v for c in " \t\n") for v in values):
+        return None
+    return values
+
+
+def _expansion(node: Node, data: bytes, cwd: _Scope) -> Values:
+    """`${name}`, `${name:-word}`, `${name%suffix}` and their kind; None when unknown."""
+    parts = [c for c in node.children if c.type not in ("${", "}")]
+    if not parts or parts[0].type not in ("variable_name", "special_variable_name"):
+        return ("0",) if parts and parts[0].type == "#" else None  # ${#name}: a length
+    values = cwd.vars.lookup(_text(parts[0], data), cwd.base)
+    if len(parts) == 1 or values is None:
+        return values
+    operator = _text(parts[1], data)
+    closing = node.children[-1]
+    operand = data[parts[1].end_byte : closing.start_byte].decode(errors="replace")
+    if operator in ("%", "%%", "#", "##"):
+        if any(ch in operand for ch in "'\"$`\\"):
+            return None
+        stripped = [strip(v, operand, operator) for v in values]
+        kept = tuple(v for v in stripped if v is not None)
+        return kept if len(kept) == len(stripped) else None
+    if operator in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
+        rest = parts[2:]
+        alternative = product([_values(c, data, cwd, quoted=True) for c in rest]) if rest else ("",)
+        if operator in (":?", "?"):
+            return values
+        if operator in (":+", "+"):
+            return union(*(alternative if v or operator == "+" else ("",) for v in values))
+        empty = any(v == "" for v in values) and operator.startswith(":")
+        return union(tuple(v for v in values if v), alternative) if empty else values
+    return None
 
 
 def _expanded(node: Node, data: bytes) -> list[str]:
@@ -462,7 +818,7 @@ def find_parts(argv: tuple[str, ...]) -> tuple[list[str], list[str], list[tuple[
     return starts, expression, actions
 
 
-def _look_through(command: SimpleCommand, result: ParsedShell, depth: int, cwd: _Cwd) -> None:
+def _look_through(command: SimpleCommand, result: ParsedShell, depth: int, cwd: _Scope) -> None:
     """What a command runs is a command of this line too: wrappers, `sh -c 'script'`,
     `eval 'literal'` and `find -exec` (the last command in `result` is `command`)."""
     if depth >= MAX_NESTING:
@@ -496,7 +852,7 @@ def _look_through(command: SimpleCommand, result: ParsedShell, depth: int, cwd: 
     if script is not None:
         result.commands[-1] = replace(command, wrapper=True)
         # `sh -c` is a new shell; `eval` runs in this one, so its `cd`s stay
-        _collect(script, result, depth + 1, cwd if command.name == "eval" else cwd.copy())
+        _collect(script, result, depth + 1, cwd if command.name == "eval" else cwd.child())
 
 
 def _computed(words: tuple[str, ...]) -> bool:

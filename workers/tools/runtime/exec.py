@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -19,13 +19,12 @@ from pydantic import Field
 from broker.config.settings import Settings
 from broker.protocol import Group
 from workers.confine import host as confine
-from workers.confine.safety import judge_line, unknown_targets
+from workers.confine.safety import check_line, judge_line
 from workers.confine.sandbox import Sandbox, SandboxError
 from workers.confine.shell import ParsedShell, SimpleCommand, command_pattern, parse_shell
 from workers.paths import PROTECTED_DIRS
 from workers.processes import tie_to_parent
 from workers.tool import (
-    Permission,
     RuleKind,
     SideEffect,
     Tool,
@@ -33,6 +32,7 @@ from workers.tool import (
     ToolError,
     ToolInput,
     ToolResult,
+    Verdict,
 )
 from workers.tools.fs.common import workspace
 
@@ -123,17 +123,8 @@ class Exec(Tool[ExecInput]):
         judged = [c for c in parsed.commands if not c.wrapper]
         return parsed.ok and bool(judged) and all(_read_only(c) for c in judged)
 
-    def permission_check(self, args: ExecInput, workspace: str) -> tuple[Permission, str] | None:
-        if finding := judge_line(args.command, args.working_dir):
-            return "deny", finding.message()
-        parsed = _judged(args)
-        if not parsed.ok:
-            return "ask", f"{parsed.error}, so it cannot be checked against the rules"
-        if any(c.dynamic_name for c in parsed.commands):
-            return "ask", "a command name is computed at run time"
-        if reason := unknown_targets(parsed):
-            return "ask", reason
-        return None
+    def permission_check(self, args: ExecInput, workspace: str) -> tuple[Verdict, str] | None:
+        return check_line(args.command, args.working_dir)
 
     def protected_paths(self, args: ExecInput, workspace: str) -> list[str]:
         parsed = _judged(args)
@@ -162,12 +153,16 @@ def run_shell(
     working_dir: str,
     timeout: float,
     env: dict[str, str] | None = None,
+    judged: str | None = None,
 ) -> ToolResult:
     """Judge `command` again (the queue is a trust boundary), then run it in the sandbox
     or confined on this host, with `env` added, its output capped; exec and custom tools
-    both run this way."""
-    if finding := judge_line(command, working_dir):
+    both run this way (a custom tool's line is judged as its preview, `judged`: its
+    values quoted where the command reads them from `env`). A command confined on this
+    host is told which paths it named it could not see (`confine.unseen`)."""
+    if finding := judge_line(command if judged is None else judged, working_dir):
         raise ToolError(finding.message())
+    require_containment(ctx)
     ws = workspace(ctx)
     cwd = ws.resolve(working_dir)
     if not os.path.isdir(cwd):
@@ -181,7 +176,21 @@ def run_shell(
         host = host_argv(ctx, ws.root, cwd, command, tied=True)
         cap = ctx.settings.exec_output_cap_bytes
         done = _on_host(host, cwd, timeout, cap, ctx.cancelled, env or {})
-    return _result(command, done, timeout, time.monotonic() - started)
+        done.unseen = confine.unseen(confine.for_settings(ctx.settings), command, ws.root, cwd)
+    return _result(judged or command, done, timeout, time.monotonic() - started)
+
+
+def require_containment(ctx: ToolContext) -> None:
+    """A call allowed only because commands run confined (its targets cannot be known)
+    never runs unconfined: the orchestrator counted on confinement this worker lacks."""
+    if not ctx.context.confined or ctx.settings.sandbox_enabled:
+        return
+    if not confine.for_settings(ctx.settings).confined:
+        raise ToolError(
+            "not run: this command was allowed without approval because commands run "
+            "confined, but this worker runs them unconfined (bubblewrap does not work "
+            "here); name what it writes, or ask for approval"
+        )
 
 
 class HostCommand(NamedTuple):
@@ -223,6 +232,7 @@ class _Done:
     timed_out: bool
     where: str
     cancelled: str | None = None
+    unseen: list[str] = field(default_factory=list)  # paths it named that it could not see
 
 
 def command_env(cwd: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -341,6 +351,14 @@ def _result(command: str, done: _Done, timeout: float, elapsed: float) -> ToolRe
             message, exit_code=None, timed_out=True, seconds=elapsed, where=done.where
         )
     text = (text.rstrip("\n") + "\n" if text else "") + f"[exit code {done.exit_code}]"
+    if done.unseen:
+        named = ", ".join(done.unseen)
+        text += (
+            f"\n[note: {named} {'is' if len(done.unseen) == 1 else 'are'} outside the "
+            "workspace and not visible in the sandbox (a confined command sees the workspace, "
+            "a private /tmp and the system read-only), so the command neither read nor "
+            "changed it]"
+        )
     return ToolResult(
         for_llm=text,
         for_user=f"$ {command}  (exit {done.exit_code})",

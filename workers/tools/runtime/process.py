@@ -25,12 +25,11 @@ from pydantic import Field, model_validator
 
 from broker.config.settings import Settings
 from broker.protocol import Group
-from workers.confine.safety import judge_line, unknown_targets
+from workers.confine.safety import check_line, judge_line
 from workers.confine.sandbox import Sandbox, SandboxError
-from workers.confine.shell import parse_shell
-from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
+from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult, Verdict
 from workers.tools.fs.common import workspace
-from workers.tools.runtime.exec import host_argv
+from workers.tools.runtime.exec import host_argv, require_containment
 from workers.tools.runtime.procsup import INFO_FD
 
 SIGNALS = {
@@ -98,17 +97,10 @@ class Process(Tool[ProcessInput]):
     def concurrency_safe(self, args: ProcessInput) -> bool:
         return args.action in ("list", "read")
 
-    def permission_check(self, args: ProcessInput, workspace: str) -> tuple[Permission, str] | None:
+    def permission_check(self, args: ProcessInput, workspace: str) -> tuple[Verdict, str] | None:
         if args.action != "start" or not args.command:
             return None
-        if finding := judge_line(args.command, args.working_dir):
-            return "deny", finding.message()
-        parsed = parse_shell(args.command, args.working_dir)
-        if not parsed.ok:
-            return "ask", f"{parsed.error}, so it cannot be checked against the rules"
-        if reason := unknown_targets(parsed):
-            return "ask", reason
-        return None
+        return check_line(args.command, args.working_dir)
 
     def run(self, args: ProcessInput, ctx: ToolContext) -> ToolResult:
         session = session_of(ctx)
@@ -135,6 +127,7 @@ class Process(Tool[ProcessInput]):
     def start(self, args: ProcessInput, ctx: ToolContext, home: Path) -> ToolResult:
         if finding := judge_line(args.command or "", args.working_dir):  # a trust boundary
             raise ToolError(finding.message())
+        require_containment(ctx)
         cwd = workspace(ctx).resolve(args.working_dir)
         running = [p for p in _states(home) if not (p / "code").exists()]
         if len(running) >= ctx.settings.process_max_per_session:

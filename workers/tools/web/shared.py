@@ -69,13 +69,18 @@ class Breaker:
         self.client.delete(self.count_key)
 
 
+def utc_day() -> str:
+    """Today in UTC (`YYYYMMDD`): the quotas' day, which tests pin."""
+    return time.strftime("%Y%m%d", time.gmtime())
+
+
 class Quota:
     """At most `per_day` uses a UTC day, counted in Redis across every worker."""
 
     def __init__(self, client: redis.Redis, provider: str, per_day: int) -> None:
         self.client = client
         self.per_day = per_day
-        self.key = f"{PREFIX}:web:quota:{provider}:{time.strftime('%Y%m%d', time.gmtime())}"
+        self.key = f"{PREFIX}:web:quota:{provider}:{utc_day()}"
 
     def take(self) -> bool:
         """Count one use; False (and nothing counted) when the day's quota is spent."""
