@@ -27,6 +27,10 @@ from broker.stores.mcp import McpStore
 from orchestrator.admin.definitions import read_definition
 
 
+class CustomAdminError(Invalid):
+    """A definition refused; the message (and `field`) say what to change."""
+
+
 def spec_from(config: dict[str, Any] | str | Path) -> CustomToolSpec:
     """A definition from a dict, a JSON string or a file; every problem named at once."""
     config = read_definition(config)
@@ -39,7 +43,7 @@ def spec_from(config: dict[str, Any] | str | Path) -> CustomToolSpec:
             message = err["msg"].removeprefix("Value error, ")
             problems.append(f"{where}: {message}" if where else message)
             fields.append(where)
-        raise Invalid("; ".join(problems), field=fields[0] or None) from None
+        raise CustomAdminError("; ".join(problems), field=fields[0] or None) from None
 
 
 class CustomAdmin:
@@ -59,16 +63,18 @@ class CustomAdmin:
         try:
             check(spec.command, spec.parameters)
         except TemplateError as exc:
-            raise Invalid(f"command: {exc}", field="command") from None
+            raise CustomAdminError(f"command: {exc}", field="command") from None
 
         if spec.name in default_registry():
-            raise Invalid(f"name: {spec.name} is a native tool's name", field="name")
+            raise CustomAdminError(f"name: {spec.name} is a native tool's name", field="name")
         if spec.name.startswith("mcp_") or spec.name in {
             t.exposed_name for t in McpStore(self.store).catalog()
         }:
-            raise Invalid(f"name: {spec.name} is an MCP tool's name (mcp_ is theirs)", field="name")
+            raise CustomAdminError(
+                f"name: {spec.name} is an MCP tool's name (mcp_ is theirs)", field="name"
+            )
         if spec.timeout_seconds > self.settings.custom_tool_max_timeout_s:
-            raise Invalid(
+            raise CustomAdminError(
                 f"timeout_seconds: at most {self.settings.custom_tool_max_timeout_s} "
                 "(CLAWQ_CUSTOM_TOOL_MAX_TIMEOUT_S)",
                 field="timeout_seconds",
@@ -76,7 +82,7 @@ class CustomAdmin:
         try:
             stored = self.tools.put(spec, SecretBox.from_settings(self.settings))
         except SecretError as exc:
-            raise Invalid(f"env: {exc}", field="env") from None
+            raise CustomAdminError(f"env: {exc}", field="env") from None
         self.notify()
         return stored
 
