@@ -16,7 +16,8 @@ import pytest
 from orchestrator.calls.permissions import decide
 from orchestrator.calls.rules import Rule
 from workers.confine.safety import judge, judge_line
-from workers.confine.shell import ParsedShell, parse_shell
+from workers.confine.shell import parse_shell
+from workers.confine.shell_commands import ParsedShell
 from workers.registry import default_registry
 
 D = "destructive file operation"

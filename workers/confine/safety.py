@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Literal
 
-from workers.confine.shell import SHELLS, ParsedShell, SimpleCommand, find_parts, parse_shell
+from workers.confine.shell import parse_shell
+from workers.confine.shell_commands import SHELLS, ParsedShell, SimpleCommand, find_parts
 
 INTERPRETERS = SHELLS | {"python", "python2", "python3", "perl", "ruby", "node", "php", "lua"}
 DOWNLOADERS = frozenset({"curl", "wget", "fetch", "aria2c", "http", "https", "lwp-download"})

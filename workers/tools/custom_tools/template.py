@@ -28,7 +28,7 @@ from typing import Any
 from tree_sitter import Node
 
 from broker.errors import Invalid
-from workers.confine.shell import _parser, parse_shell
+from workers.confine.shell import bash_parser, parse_shell
 
 ARG_PREFIX = "CLAWQ_ARG_"
 PLACEHOLDER = re.compile(r"\{\{\s*\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -154,7 +154,7 @@ def check(command: str, parameters: dict[str, Any]) -> Template:
         raise TemplateError("the command may not contain __clawq_placeholder_N__")
     source = PLACEHOLDER.sub(sentinel, command)
     data = source.encode()
-    tree = _parser().parse(data)
+    tree = bash_parser().parse(data)
     if tree.root_node.has_error:
         raise TemplateError("the command does not parse as shell")
     problems: list[str] = []

@@ -21,7 +21,8 @@ from broker.protocol import Group
 from workers.confine import host as confine
 from workers.confine.safety import check_line, judge_line
 from workers.confine.sandbox import Sandbox, SandboxError
-from workers.confine.shell import ParsedShell, SimpleCommand, command_pattern, parse_shell
+from workers.confine.shell import parse_shell
+from workers.confine.shell_commands import ParsedShell, SimpleCommand, command_pattern
 from workers.paths import PROTECTED_DIRS
 from workers.processes import tie_to_parent
 from workers.tool import (
