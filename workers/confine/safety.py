@@ -21,6 +21,27 @@ from typing import Literal
 
 from workers.confine.shell import parse_shell
 from workers.confine.shell_commands import SHELLS, ParsedShell, SimpleCommand, find_parts
+from workers.confine.targets import (
+    DELETERS,
+    DEVICE,
+    FIND_TESTS,
+    KERNEL,
+    PERSISTENT,
+    RC_FILES,
+    SENSITIVE,
+    TARGET_TAKERS,
+    changed_paths,
+    escapes_workspace,
+    flags_of,
+    has_long,
+    home_of,
+    is_outside,
+    is_whole,
+    reads_sensitive,
+    seen_from,
+    unknown_path,
+    write_targets,
+)
 
 INTERPRETERS = SHELLS | {"python", "python2", "python3", "perl", "ruby", "node", "php", "lua"}
 DOWNLOADERS = frozenset({"curl", "wget", "fetch", "aria2c", "http", "https", "lwp-download"})
@@ -37,103 +58,7 @@ CREDENTIAL_USE = {
     "curl": _CURL_USE,
     "wget": frozenset({"--certificate", "--private-key", "--ca-certificate"}),
 }
-DELETERS = frozenset({"rm", "unlink", "rmdir", "shred"})
-# find tests that narrow what it matches; -type, -mindepth and -maxdepth do not
-FIND_TESTS = frozenset(
-    {
-        "-name",
-        "-iname",
-        "-path",
-        "-ipath",
-        "-wholename",
-        "-iwholename",
-        "-regex",
-        "-iregex",
-        "-lname",
-        "-ilname",
-        "-newer",
-        "-anewer",
-        "-cnewer",
-        "-newermt",
-        "-mtime",
-        "-mmin",
-        "-atime",
-        "-amin",
-        "-ctime",
-        "-cmin",
-        "-size",
-        "-empty",
-        "-user",
-        "-group",
-        "-uid",
-        "-gid",
-        "-perm",
-        "-links",
-        "-inum",
-        "-samefile",
-        "-used",
-    }
-)
-# commands whose operands are files they change: with targets from stdin they are unknown
-TARGET_TAKERS = DELETERS | {
-    "mv",
-    "cp",
-    "ln",
-    "install",
-    "tee",
-    "truncate",
-    "touch",
-    "chmod",
-    "chown",
-    "chgrp",
-    "dd",
-    "sed",
-}
-# outside the workspace, but where writes are routine (a private /tmp under confinement)
-SCRATCH = (
-    "/tmp/",
-    "/dev/null",
-    "/dev/stdout",
-    "/dev/stderr",
-    "/dev/tty",
-    "/dev/fd/",
-    "/proc/self/fd/",
-    "/dev/shm/",
-)
-RC_FILES = frozenset(
-    {
-        ".bashrc",
-        ".bash_profile",
-        ".bash_login",
-        ".bash_logout",
-        ".profile",
-        ".zshrc",
-        ".zprofile",
-        ".zshenv",
-        ".zlogin",
-        ".kshrc",
-        ".cshrc",
-        ".tcshrc",
-        ".login",
-        ".xprofile",
-        ".xinitrc",
-    }
-)
-PERSISTENT = re.compile(
-    r"(^|/)(authorized_keys2?|\.ssh/(rc|config|environment))$"
-    r"|^/etc/(profile(\.d/.*)?|bash\.bashrc|environment|ld\.so\.preload|rc\.local|"
-    r"cron[^/]*(/.*)?|anacrontab|systemd/.*|init\.d/.*|update-motd\.d/.*|sudoers\.d/.*)$"
-    r"|^/(usr/)?lib/systemd/.*|^/var/spool/cron(/.*)?$|^~/\.config/(systemd|autostart)/.*"
-    r"|\.(service|timer|socket)$"
-)
-KERNEL = re.compile(r"^/proc/(sys(/.*)?|sysrq-trigger|sys/kernel/.*)$|^/sys/.*")
 SYSTEMCTL_PERSIST = frozenset({"enable", "reenable", "link", "preset", "set-default", "edit"})
-DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|md|dm-|loop|mapper/)")
-SENSITIVE = re.compile(
-    r"(^|/)(\.ssh(/|$)|id_(rsa|dsa|ecdsa|ed25519)|\.aws/credentials|\.netrc|\.pgpass|"
-    r"\.env(\.|$)|\.npmrc|\.pypirc|\.docker/config\.json|\.kube/config|\.gnupg(/|$))"
-    r"|^/etc/(shadow|gshadow|sudoers)|\.pem$|\.key$"
-)
 
 
 @dataclass(frozen=True)
@@ -146,77 +71,18 @@ class Finding:
         return f"blocked ({self.category}): `{self.command}` {self.why}"
 
 
-def _flags(argv: tuple[str, ...]) -> tuple[set[str], list[str]]:
-    """Short flags as single letters (`-Rf` → R, f), long ones as words; and operands."""
-    letters: set[str] = set()
-    operands: list[str] = []
-    after_dashdash = False
-    for arg in argv[1:]:
-        if after_dashdash or not arg.startswith("-") or arg == "-":
-            operands.append(arg)
-        elif arg == "--":
-            after_dashdash = True
-        elif arg.startswith("--"):
-            letters.add(arg[2:].split("=", 1)[0].lower())
-        else:
-            letters.update(arg[1:])
-    return letters, operands
-
-
-def _long(flags: set[str], name: str) -> bool:
-    """GNU long options may be abbreviated: `--rec` is `--recursive`."""
-    return any(len(f) >= 3 and name.startswith(f) for f in flags)
-
-
-def _outside(path: str) -> bool:
-    """A resolved path (see `SimpleCommand.resolve`) that leaves the working directory:
-    absolute, home, or `..`. A path the line does not say (`_unknown`) is not known to."""
-    if _unknown(path):
-        return False
-    if path.startswith(("/", "~")):
-        return True
-    return ".." in PurePosixPath(path).parts
-
-
-def _unknown(path: str) -> bool:
-    """A resolved path that still holds an expansion: a variable the line did not assign,
-    a command's output, or a directory a `cd "$X"` moved to."""
-    return "$" in path or "`" in path
-
-
-def _whole(path: str) -> bool:
-    """A resolved path that is the whole working directory (`.`, `*`, `./*`, `.*`)."""
-    return path in (".", "*", ".*", "")
-
-
-def _scratch(path: str) -> bool:
-    """Outside, but where writing is routine: the private /tmp, the standard streams."""
-    return any(path == p.rstrip("/") or path.startswith(p) for p in SCRATCH)
-
-
-def _escapes(c: SimpleCommand, path: str) -> bool:
-    """A write to `path` by `c` would change something outside the workspace."""
-    resolved = c.resolve(path)
-    return _outside(resolved) and not _scratch(resolved)
-
-
-def _where(c: SimpleCommand, path: str) -> str:
-    """Where a target points, for a refusal, when a `cd` earlier in the line moved it."""
-    resolved = c.resolve(path)
-    return "" if c.cwd == "." else f" ({path} is {resolved} after the cd)"
-
-
 def _destructive(c: SimpleCommand) -> str | None:
-    flags, operands = _flags(c.argv)
+    flags, operands = flags_of(c.argv)
     if c.name == "rm":
-        recursive = bool(flags & {"r", "R"}) or _long(flags, "recursive")
+        recursive = bool(flags & {"r", "R"}) or has_long(flags, "recursive")
         if "no-preserve-root" in flags:
             return "removes without root protection"
         for o in operands:
             resolved = c.resolve(o)
-            if recursive and (_outside(resolved) or _whole(resolved)):
-                return "removes a tree outside the workspace (or all of it) recursively" + _where(
-                    c, o
+            if recursive and (is_outside(resolved) or is_whole(resolved)):
+                return (
+                    "removes a tree outside the workspace (or all of it) recursively"
+                    + seen_from(c, o)
                 )
     if c.name == "find":
         starts, expression, actions = find_parts(c.argv)
@@ -226,22 +92,22 @@ def _destructive(c: SimpleCommand) -> str | None:
         selective = bool(FIND_TESTS & set(expression))
         for start in starts or ["."]:
             resolved = c.resolve(start)
-            if deleting and _outside(resolved):
-                return "deletes a tree outside the workspace" + _where(c, start)
-            if deleting and _whole(resolved) and not selective:
+            if deleting and is_outside(resolved):
+                return "deletes a tree outside the workspace" + seen_from(c, start)
+            if deleting and is_whole(resolved) and not selective:
                 return "deletes the whole workspace (no -name, -path or other test narrows it)"
     recursive_mode = c.name in ("chmod", "chown", "chgrp") and (
-        "R" in flags or _long(flags, "recursive")
+        "R" in flags or has_long(flags, "recursive")
     )
     if recursive_mode and any(
         o in ("/", "/*", "~") or o.startswith(("/etc", "/usr", "/bin")) for o in operands
     ):
         return "changes ownership or modes of system trees"
-    if c.name == "shred" and any(_outside(c.resolve(o)) for o in operands):
+    if c.name == "shred" and any(is_outside(c.resolve(o)) for o in operands):
         return "overwrites files outside the workspace"
-    outside = next((o for o in operands if _escapes(c, o)), None)
+    outside = next((o for o in operands if escapes_workspace(c, o)), None)
     if c.name in ("rm", "unlink", "rmdir") and outside is not None:
-        return f"removes {outside}, outside the workspace" + _where(c, outside)
+        return f"removes {outside}, outside the workspace" + seen_from(c, outside)
     return None
 
 
@@ -283,38 +149,6 @@ def _system(c: SimpleCommand) -> str | None:
     return None
 
 
-def write_targets(c: SimpleCommand) -> list[str]:
-    """The files a command writes or replaces, as written: its output redirects, and the
-    targets of the commands that write where their operands say."""
-    flags, operands = _flags(c.argv)
-    found = list(c.writes_to)
-    if c.name in ("tee", "truncate", "touch", "shred", "rm", "unlink", "rmdir"):
-        found += operands
-    elif c.name in ("cp", "mv", "install", "ln"):
-        directory = next(
-            (
-                a.split("=", 1)[1] if "=" in a else c.argv[i + 2]
-                for i, a in enumerate(c.argv[1:])
-                if (a == "-t" and i + 2 < len(c.argv)) or a.startswith("--target-directory=")
-            ),
-            None,
-        )
-        if directory is not None:
-            found.append(directory)
-        elif c.name == "install" and "d" in flags:
-            found += operands
-        elif len(operands) >= 2:
-            found.append(operands[-1])
-        if c.name == "mv":  # a moved file is gone from where it was
-            found += operands
-    elif c.name == "dd":
-        found += [a[3:] for a in c.argv[1:] if a.startswith("of=")]
-    elif c.name == "sed" and ("i" in flags or _long(flags, "in-place")):
-        scripted = bool(flags & {"e", "f"}) or _long(flags, "expression") or _long(flags, "file")
-        found += operands if scripted else operands[1:]
-    return [t for t in found if t and t != "-"]
-
-
 def _persistence(c: SimpleCommand) -> str | None:
     if c.name == "crontab" and c.argv[1:] != ("-l",) and "-l" not in c.argv[1:]:
         return "installs or changes scheduled jobs (crontab)"
@@ -324,7 +158,7 @@ def _persistence(c: SimpleCommand) -> str | None:
         return "makes a service start at boot or login"
     for target in write_targets(c):
         resolved = c.resolve(target)
-        if not _outside(resolved):
+        if not is_outside(resolved):
             continue
         if PurePosixPath(resolved).name in RC_FILES or PERSISTENT.search(resolved):
             return f"writes {target}, which runs again later (shell start-up, cron, ssh, systemd)"
@@ -333,8 +167,8 @@ def _persistence(c: SimpleCommand) -> str | None:
 
 def _writes_outside(c: SimpleCommand) -> str | None:
     for target in write_targets(c):
-        if _escapes(c, target):
-            return f"writes {target}, outside the workspace" + _where(c, target)
+        if escapes_workspace(c, target):
+            return f"writes {target}, outside the workspace" + seen_from(c, target)
     return None
 
 
@@ -343,9 +177,9 @@ def _reverse_shell(c: SimpleCommand) -> str | None:
     if "/dev/tcp/" in redirects or "/dev/udp/" in redirects:
         return "opens a raw network connection through /dev/tcp"
     words = " ".join(c.argv)
-    flags, _ = _flags(c.argv)
+    flags, _ = flags_of(c.argv)
     if c.name in ("nc", "ncat", "netcat") and (
-        flags & {"e", "c"} or _long(flags, "exec") or _long(flags, "sh-exec")
+        flags & {"e", "c"} or has_long(flags, "exec") or has_long(flags, "sh-exec")
     ):
         return "binds a shell to a network connection"
     if c.name == "socat" and any(re.match(r"(?i)(exec|system):", a) for a in c.argv[1:]):
@@ -426,7 +260,7 @@ def _pipelines(parsed: ParsedShell) -> Finding | None:
                             return Finding(
                                 "eval injection", text, "pipes decoded text into an interpreter"
                             )
-                        if _sensitive_reader(source) and sink.name in SENDERS:
+                        if reads_sensitive(source) and sink.name in SENDERS:
                             return Finding(
                                 "data exfiltration",
                                 text,
@@ -439,15 +273,6 @@ def _pipelines(parsed: ParsedShell) -> Finding | None:
                         if source.name in NETCATS and _reads_stdin_script(sink):
                             return Finding("reverse shell", text, "feeds network input to a shell")
     return None
-
-
-def _sensitive_reader(c: SimpleCommand) -> bool:
-    args = [a for a in c.argv[1:] if not a.startswith("-")] + list(c.reads_from)
-    return any(SENSITIVE.search(_home(a)) for a in args)
-
-
-def _home(path: str) -> str:
-    return str(PurePosixPath(path.replace("~", "/home/user", 1))) if path.startswith("~") else path
 
 
 def _exfiltration(c: SimpleCommand) -> str | None:
@@ -463,9 +288,9 @@ def _exfiltration(c: SimpleCommand) -> str | None:
             continue
         remote = re.match(r"^[\w.-]+@[\w.-]+:", arg)  # user@host:path is a destination
         value = "" if remote else re.split(r"[=@]", arg)[-1]
-        if SENSITIVE.search(_home(value)):
+        if SENSITIVE.search(home_of(value)):
             return "sends a credential file over the network"
-    if any(SENSITIVE.search(_home(r)) for r in c.reads_from):
+    if any(SENSITIVE.search(home_of(r)) for r in c.reads_from):
         return "sends a credential file over the network"
     return None
 
@@ -506,24 +331,11 @@ def unknown_targets(parsed: ParsedShell) -> str | None:
             return f"`{c.text}` takes its targets from its input, so they cannot be checked"
         if c.dynamic_name:
             return f"`{c.text}`: the command's name is computed at run time"
-        for target in _changed(c):
-            if _unknown(c.resolve(target)):
-                where = f" (in {c.cwd})" if _unknown(c.cwd) else ""
+        for target in changed_paths(c):
+            if unknown_path(c.resolve(target)):
+                where = f" (in {c.cwd})" if unknown_path(c.cwd) else ""
                 return f"`{c.text}` writes {target}{where}, which is not known until it runs"
     return None
-
-
-def _changed(c: SimpleCommand) -> list[str]:
-    """What a command writes, deletes or changes the modes of."""
-    targets = write_targets(c)
-    _, operands = _flags(c.argv)
-    if c.name in ("chmod", "chown", "chgrp"):
-        targets += operands[1:]
-    if c.name == "find":
-        starts, expression, actions = find_parts(c.argv)
-        if "-delete" in expression or actions:
-            targets += starts or ["."]
-    return targets
 
 
 def check_line(line: str, base: str = ".") -> tuple[Literal["deny", "ask", "confined"], str] | None:
