@@ -16,7 +16,8 @@ import pytest
 import redis
 from PIL import Image
 
-from broker.config.settings import ImageEndpoint, Settings
+from broker.config.sections import ImageEndpoint
+from broker.config.settings import Settings
 from broker.pg.store import Store
 from broker.protocol import CallContext
 from broker.stores.artifacts import ArtifactStore
