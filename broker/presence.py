@@ -33,7 +33,10 @@ class Heartbeat:
     """A daemon thread that keeps this process's presence key alive.
 
     `extra` adds commands to each beat's round trip (an orchestrator's job leases);
-    `alive`, when it says no, skips the beat, so the key lapses as a dead process's does."""
+    `alive`, when it says no, skips the beat, so the key lapses as a dead process's does;
+    `state` adds fields to each beat (a worker's `calls`: those it holds now). Each beat
+    says when it was made (`at`, this host's clock): a watchdog compares it with when a
+    call began on the same host."""
 
     def __init__(
         self,
@@ -46,6 +49,7 @@ class Heartbeat:
         also: tuple[str, ...] = (),
         extra: Callable[[Pipeline], None] | None = None,
         alive: Callable[[], bool] | None = None,
+        state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         # its own connections, with a timeout: a beat stuck behind a slow read would let
         # the key expire while the process is alive
@@ -64,20 +68,25 @@ class Heartbeat:
             "started": time.time(),
         }
         self.also = also  # keys kept alive with this one, shared with others: never deleted
-        self.extra, self.alive = extra, alive
+        self.extra, self.alive, self.state = extra, alive, state
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clawq-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self.beat()
+        try:
+            self.beat()
+        except Exception as exc:  # Redis away as the process starts: the thread beats on
+            log.warning("first heartbeat of %s failed (%s); retrying", self.proc_id, exc)
         self._thread.start()
 
     def beat(self) -> None:
         self.info["load"] = round(os.getloadavg()[0], 2)
+        self.info["at"] = time.time()
+        info = self.info if self.state is None else {**self.info, **self.state()}
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
+        pipe.set(keys.proc(self.proc_id), json.dumps(info), px=self.ttl_ms)
         for key in self.also:
             pipe.set(key, self.proc_id, px=self.ttl_ms)
         if self.extra is not None:

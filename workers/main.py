@@ -8,6 +8,7 @@ from broker.celery_app import UNLEDGERED_QUEUES, create_app
 from broker.messages import Group
 from broker.settings import Settings
 from workers import confine
+from workers.consumer import CONSUMER
 from workers.pool import SINGLE_CALL_POOL
 from workers.processes import Processes
 from workers.registry import Registry
@@ -29,6 +30,8 @@ def run_worker(
 
     metrics.prepare_worker(settings.metrics_dir)  # before prometheus_client is imported
     app = create_app(settings, ack_emulation=group in UNLEDGERED_QUEUES)
+    app.conf.worker_consumer = CONSUMER  # back on the broker within a second of its return
+    app.conf.broker_connection_max_retries = None
     if group == Group.mcp.value:  # MCP tools come from the catalog, by exposed name
         from workers.tools.mcp import McpRegistry
 
