@@ -143,6 +143,14 @@ def test_poison_call_stops_at_the_delivery_cap(cluster: Cluster, workspace: Path
         check=True,
     )
     assert json.loads(shown.stdout)["status"] == "retried"
+    again = subprocess.run(  # it has an outcome now: never run a second time
+        [sys.executable, "-m", "orchestrator.cli", "dlq", "retry", str(dead["id"])],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode != 0 and "not sent again: the ledger has its outcome" in again.stderr
+    assert (workspace / "runs.txt").read_text() == "run\nrun\nrun\n"
 
 
 def test_whole_worker_killed_call_finishes_on_another_worker(

@@ -192,3 +192,34 @@ def test_a_pinned_call_whose_process_died_is_answered_session_lost_at_once(
         assert await r.llen("ui.host.123") == 0  # its message is taken away too
 
     run(isolated, body)
+
+
+def test_a_resent_call_is_answered_from_the_ledger_or_left_to_its_runner(
+    isolated: Isolated,
+) -> None:
+    """A resumed turn sends its calls again marked `resent`: one whose outcome is in the
+    ledger is answered from there, one running is left to its runner; neither is sent."""
+    from broker.messages import CallOutcome
+
+    async def body(dispatcher: Dispatcher) -> None:
+        r = dispatcher.redis
+        done = CallOutcome(call_id="d", job_id="j", turn=0, for_llm="ran once")
+        await r.hset(
+            keys.call("j", 0, "d"), mapping={"status": "done", "outcome": done.model_dump_json()}
+        )
+        e = envelope("d").model_copy(update={"resent": True})
+        outcome = await asyncio.wait_for(dispatcher.call(e, "runtime"), 2)
+        assert outcome.for_llm == "ran once"
+        await begun(r, "r", "w1", time.time())
+        running = envelope("r").model_copy(update={"resent": True})
+        waiting = asyncio.ensure_future(dispatcher.call(running, "runtime"))
+        await asyncio.sleep(0.1)
+        assert not waiting.done() and await r.llen("runtime") == 0
+        fresh = envelope("new").model_copy(update={"resent": True})  # never begun: sent
+        sending = asyncio.ensure_future(dispatcher.call(fresh, "runtime"))
+        await asyncio.sleep(0.1)
+        assert [m["call_id"] for m in await messages(r, "runtime")] == ["new"]
+        for task in (waiting, sending):
+            task.cancel()
+
+    run(isolated, body)
