@@ -111,6 +111,20 @@ class Heartbeat:
                 log.warning("heartbeat of %s failed (%s); retrying", self.proc_id, exc)
 
 
+STALE_INTERVALS = 2.5  # a beat this many intervals old is a dead process's
+
+
+def beat_age_s(pttl_ms: int, ttl_s: float) -> float:
+    """How long ago a heartbeat key was last set, from its remaining life (no clocks)."""
+    return ttl_s - pttl_ms / 1000
+
+
+def stale(pttl_ms: int, interval_s: float, ttl_s: float) -> bool:
+    """A process that died stops beating; its key lives on until the TTL. A beat older
+    than STALE_INTERVALS intervals says the process is gone (a missing key says it too)."""
+    return pttl_ms < 0 or beat_age_s(pttl_ms, ttl_s) > STALE_INTERVALS * interval_s
+
+
 def live_processes(client: redis.Redis) -> list[dict[str, Any]]:
     """Every process whose heartbeat is current."""
     found: list[dict[str, Any]] = []

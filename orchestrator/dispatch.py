@@ -39,6 +39,7 @@ from broker import events, keys, outage
 from broker.connections import retry_pause
 from broker.ledger import RELEASE
 from broker.messages import CallEnvelope, CallOutcome, Event
+from broker.presence import stale
 from broker.publisher import AsyncPublisher
 from broker.settings import Settings
 from workers.tasks import task_name
@@ -325,11 +326,8 @@ class Dispatcher:
         return self._trust
 
     def _stale(self, pttl_ms: int) -> bool:
-        """A beat older than two intervals (and a half): its process is gone, though its
-        key lives on until the TTL."""
         s = self.settings
-        age_ms = s.heartbeat_ttl_s * 1000 - pttl_ms
-        return age_ms > (2.5 * s.heartbeat_interval_s) * 1000
+        return stale(pttl_ms, s.heartbeat_interval_s, s.heartbeat_ttl_s)
 
     async def _not_held(self, running: list[tuple[Pending, str, bytes]]) -> None:
         """Calls begun by a process that died, or that a live process dropped."""

@@ -33,6 +33,7 @@ from broker.messages import (
 )
 from broker.metrics import metrics
 from broker.policy_config import PermissionRules
+from broker.presence import stale
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
 from broker.store import AsyncStore
@@ -495,7 +496,8 @@ class JobRun:
         """The queue and process holding this session's state for `tool`; None when there
         is none or it died (the tool then says its state was lost). A process that died
         stops beating: a beat older than two intervals and a half is a dead one's, though
-        its key lives on for the TTL (unless Redis itself has just come back)."""
+        its key lives on for the TTL (unless Redis itself has just come back): the tool,
+        on whichever worker takes the call, judges it the same way (browser._lost)."""
         redis, s = self.s.redis, self.s.settings
         raw = await redis.get(keys.pin(self.session_id, tool))
         if not raw:
@@ -505,9 +507,8 @@ class JobRun:
         pttl = await redis.pttl(keys.proc(proc))
         if pttl is None or pttl < 0:
             return None
-        age_ms = s.heartbeat_ttl_s * 1000 - pttl
-        if age_ms > 2.5 * s.heartbeat_interval_s * 1000 and await outage.heartbeats_trusted(
-            redis, s.heartbeat_interval_s, s.heartbeat_ttl_s
+        if stale(pttl, s.heartbeat_interval_s, s.heartbeat_ttl_s) and (
+            await outage.heartbeats_trusted(redis, s.heartbeat_interval_s, s.heartbeat_ttl_s)
         ):
             return None
         return str(pin["queue"]), proc

@@ -62,8 +62,10 @@ class WorkerRuntime:
     _celery: Celery | None = None
 
     @classmethod
-    def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
-        client = redis.Redis.from_url(settings.redis_url)
+    def start(
+        cls, settings: Settings, registry: Registry, queue: str, node: str, threads: int = 1
+    ) -> WorkerRuntime:
+        client = redis_for(settings, threads)
         proc_id = process_id("worker", settings.node())
         info = {"kind": "worker", "queue": queue, "node": node}
         if queue == "runtime":
@@ -401,10 +403,29 @@ def stop_runtime() -> None:
 
 
 def runtime_for_process(
-    settings: Settings, registry: Registry, queue: str, node: str
+    settings: Settings, registry: Registry, queue: str, node: str, threads: int = 1
 ) -> WorkerRuntime:
     """This process's runtime, created once after fork (never inherited from a parent)."""
     global _runtime
     if _runtime is None or _runtime.heartbeat.info["pid"] != os.getpid():
-        _runtime = WorkerRuntime.start(settings, registry, queue, node)
+        _runtime = WorkerRuntime.start(settings, registry, queue, node, threads)
     return _runtime
+
+
+CONNECTIONS_PER_CALL = 2  # a read's claim, read after it ran, and the tool's own use
+SPARE_CONNECTIONS = 8  # the process's threads: sessions, sandboxes, the spool
+CONNECTION_WAIT_S = 10.0  # then the wait is an outage: retried, never a lost call
+
+
+def redis_for(settings: Settings, threads: int) -> redis.Redis:
+    """This process's client: a pool sized for the calls it runs at once, where a caller
+    that finds none free waits (redis-py's default pool raises "Too many connections" at
+    100, and a web worker of 100 threads lost calls to it); a wait past
+    CONNECTION_WAIT_S raises a ConnectionError, which the outcome's retries treat as Redis
+    away."""
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=CONNECTIONS_PER_CALL * threads + SPARE_CONNECTIONS,
+        timeout=CONNECTION_WAIT_S,
+    )
+    return redis.Redis(connection_pool=pool)

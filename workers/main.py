@@ -52,6 +52,8 @@ def run_worker(
         concurrency = concurrency or settings.ui_worker_concurrency
     pool = pool or settings.worker_pool
     concurrency = concurrency or settings.worker_concurrency
+    # the calls one process runs at once: its connection pools are sized for them
+    app.conf.worker_concurrency = 1 if pool == "direct" else concurrency
     # `direct`: N processes, each a Celery worker taking its own calls (workers/processes.py)
     app.conf.worker_pool = "solo" if pool == "direct" else pool  # what the signals see
     queues = [group]

@@ -28,7 +28,8 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
     node = settings.node()
 
     def runtime() -> WorkerRuntime:
-        return runtime_for_process(settings, registry, queue, node)
+        threads = int(app.conf.worker_concurrency or 1)
+        return runtime_for_process(settings, registry, queue, node, threads)
 
     def declare(name: str, group: str, timeout_s: float) -> None:
         def run(envelope: Any = None, **unexpected: Any) -> None:
