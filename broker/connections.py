@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -38,6 +40,18 @@ def patient_redis(url: str, outage_s: float, **options: object) -> redis.Redis:
     return redis.Redis.from_url(
         url,
         retry=retry,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionError],
+        **options,
+    )
+
+
+def reconnecting_redis(url: str, **options: Any) -> aioredis.Redis:
+    """An asyncio client for requests that must not hang: a connection Redis closed (it
+    restarted) is opened again and the command sent again, at once; a Redis that is away
+    fails within a second. (redis-py's `from_url` pools retry nothing.)"""
+    return aioredis.Redis.from_url(
+        url,
+        retry=AsyncRetry(ExponentialBackoff(cap=0.25, base=0.02), retries=3),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionError],
         **options,
     )

@@ -27,6 +27,7 @@ MIGRATION_LOCK = 7_415_922_001
 # a PostgreSQL back after 10 s was used 5 s later. A second between tries, always.
 AttemptWithBackoff.DELAY_BACKOFF = 1.0
 IDLE = TransactionStatus.IDLE
+CONNECT_TIMEOUT_S = 10  # an unreachable host fails a use, it does not hang it
 
 
 class StoreNotReady(Exception):
@@ -156,7 +157,9 @@ class Store:
         self._conn = self._connect()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        return psycopg.connect(
+            self.url, autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S
+        )
 
     @property
     def conn(self) -> psycopg.Connection[Any]:

@@ -389,6 +389,14 @@ def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) ->
     except ToolError as exc:
         return ToolResult.error(str(exc))
     except Exception as exc:  # a tool bug or a time limit: the model still gets an answer
+        if outage.down(exc):  # not the call's fault, and it passes: say so
+            which = "Redis" if outage.redis_down(exc) else "PostgreSQL"
+            log.warning("tool %s: %s away (%s)", name, which, exc)
+            return ToolResult.error(
+                f"{name} failed: {which} is unreachable right now (temporary); "
+                "try the call again in a few seconds",
+                retryable=True,
+            )
         log.exception("tool %s failed", name)
         return ToolResult.error(f"{name} failed: {type(exc).__name__}: {exc}")
 
