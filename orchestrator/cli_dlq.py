@@ -11,7 +11,7 @@ import click
 import redis
 
 from broker import keys
-from broker.dead_letters import DeadLetter, DeadLetters
+from broker.dead_letters import DeadLetter, DeadLetters, outcome_found
 from broker.messages import CallEnvelope
 from broker.settings import Settings
 from orchestrator.output import json_option, table
@@ -78,7 +78,8 @@ def show(letter_id: int) -> None:
 @dlq.command()
 @click.argument("letter_id", type=int)
 def retry(letter_id: int) -> None:
-    """Send a dead call again as it was (a fresh deadline, its ledger entry cleared)."""
+    """Send a dead call again as it was (a fresh deadline, its ledger entry cleared), unless
+    an outcome of it exists (the ledger, a live worker's spool, the stored results)."""
     from broker.celery_app import create_app
 
     with opened() as (settings, letters):
@@ -89,6 +90,10 @@ def retry(letter_id: int) -> None:
             update={"deadline": time.time() + settings.visibility_timeout_s, "resent": True}
         )
         with redis.Redis.from_url(settings.redis_url) as client:
+            if where := outcome_found(client, letters.conn, envelope):
+                raise click.ClickException(
+                    f"dead letter {letter_id}: {found.tool} not sent again: {where}"
+                )
             client.delete(keys.call(envelope.job_id, envelope.turn, envelope.call_id))
         app = create_app(settings)
         app.send_task(

@@ -23,16 +23,15 @@ from typing import Any
 
 import httpx
 import psycopg
-import redis
 import redis.asyncio as aioredis
 from celery import Celery
 
-from broker import events, keys, metrics, tracing
+from broker import events, keys, metrics, outage, tracing
 from broker.admission import RECLAIM
 from broker.agent_queue import AgentQueue, AgentRun
 from broker.announce import AnnounceItem, AnnounceQueue, batch_message
 from broker.celery_app import create_app
-from broker.connections import async_redis, retry_pause
+from broker.connections import async_redis, patient_redis, retry_pause
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, Group, JobSpec
 from broker.presence import process_id
 from broker.ratelimit import RateLimiter
@@ -103,7 +102,11 @@ class Orchestrator:
         self.redis = async_redis(self.settings)
         listen_redis = aioredis.Redis.from_url(self.settings.redis_url)
         agents_redis = aioredis.Redis.from_url(self.settings.redis_url)  # its blocking take
-        self.store = AsyncStore(self.settings.database_url, self.settings.database_pool_size)
+        self.store = AsyncStore(
+            self.settings.database_url,
+            self.settings.database_pool_size,
+            outage_s=self.settings.outage_retry_s,
+        )
         await self.store.open()
         http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
@@ -122,7 +125,7 @@ class Orchestrator:
             self.app,
             AgentTaskEvents(self.app, self.settings.agent_task_events),
             AnnounceQueue(
-                redis.Redis.from_url(self.settings.redis_url),
+                patient_redis(self.settings.redis_url, self.settings.outage_retry_s),
                 self.settings.announce_debounce_s,
                 self.settings.announce_drain_at,
                 inbox_ttl_s=self.settings.events_ttl_s,
@@ -415,8 +418,8 @@ class Orchestrator:
                 batches = await asyncio.to_thread(self.announcements.claim_due)
                 for session, items in batches.items():
                     await self.deliver(session, items)
-            except Exception:
-                log.exception("announce delivery failed; the batch is due again shortly")
+            except Exception as exc:  # the batch is due again shortly
+                outage.report(log, "announce delivery", exc)
             await asyncio.sleep(ANNOUNCE_POLL_S)
 
     async def deliver(self, session: str, items: list[AnnounceItem]) -> None:
@@ -473,8 +476,8 @@ class Orchestrator:
                 )
                 for child, parent_session in archived:
                     await self.redis.srem(keys.subagent_children(parent_session), child)
-            except Exception:
-                log.exception("archiving subagents failed")
+            except Exception as exc:
+                outage.report(log, "archiving subagents", exc)
 
     async def tick_cron(self) -> None:
         """The scheduler's ticker (orchestrator/cron_ticker.py): every orchestrator ticks,
@@ -487,8 +490,8 @@ class Orchestrator:
                 await asyncio.sleep(self.settings.cron_tick_s)
                 try:
                     await asyncio.to_thread(ticker.tick)
-                except Exception:
-                    log.exception("cron tick failed")
+                except Exception as exc:
+                    outage.report(log, "cron tick", exc)
         finally:
             ticker.close()
 
@@ -514,13 +517,19 @@ class Orchestrator:
 
     async def recover(self) -> None:
         """Resume running jobs whose orchestrator stopped holding their lease, and queue
-        again the agent runs a dead orchestrator had taken but not accepted."""
+        again the agent runs a dead orchestrator had taken but not accepted; not while
+        Redis has just come back (a missing presence then says nothing)."""
         while True:
             await asyncio.sleep(RECOVERY_INTERVAL_S)
             try:
+                s = self.settings
+                if not await outage.heartbeats_trusted(
+                    self.redis, s.heartbeat_interval_s, s.heartbeat_ttl_s
+                ):  # Redis has just come back: every presence lapsed, and is beating again
+                    continue
                 await self.agent_queue.restore_dead()
                 for job_id in await self._orphans():
                     if await self.accept(job_id):
                         log.warning("resumed job %s: no live orchestrator held it", job_id)
-            except Exception:
-                log.exception("recovery sweep failed")
+            except Exception as exc:
+                outage.report(log, "recovery sweep", exc)

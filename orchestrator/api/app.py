@@ -9,21 +9,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
+import psycopg
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from broker import outage
+from broker.connections import reconnecting_redis
 from broker.ratelimit import RateLimiter
 from broker.settings import Settings
-from broker.store import Store
+from broker.store import Store, async_pool
 from orchestrator.api import admin, artifacts, canvas, jobs
 from orchestrator.api.deps import ApiError, Services
 from orchestrator.api.streams import EventHub
 
 HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+CONNECTION_WAIT_S = 5.0  # a request waits this long for a PostgreSQL connection, then 503
+RETRY_AFTER_S = 5
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -32,25 +36,22 @@ def create_app(settings: Settings) -> FastAPI:
         store = Store(settings.database_url)
         store.migrate()
         store.close()
-        pool = AsyncConnectionPool(
-            settings.database_url,
-            min_size=1,
-            max_size=settings.database_pool_size,
-            open=False,
-            kwargs={"autocommit": True},
+        # a request waits a few seconds at most for a connection (then 503, retryable)
+        pool = async_pool(
+            settings.database_url, settings.database_pool_size, timeout=CONNECTION_WAIT_S
         )
         await pool.open(wait=True)
-        redis = aioredis.Redis.from_url(settings.redis_url, max_connections=10_000)
-        limiter = RateLimiter(redis, settings.api_rate_limit_per_minute, window_s=60.0)
-        hub = EventHub(redis)
+        client = reconnecting_redis(settings.redis_url, max_connections=10_000)
+        limiter = RateLimiter(client, settings.api_rate_limit_per_minute, window_s=60.0)
+        hub = EventHub(client)
         await hub.start()
-        app.state.services = Services(settings, pool, redis, limiter, threading.local(), hub)
+        app.state.services = Services(settings, pool, client, limiter, threading.local(), hub)
         try:
             yield
         finally:
             await hub.stop()
             await pool.close()
-            await redis.aclose()
+            await client.aclose()
 
     app = FastAPI(
         title="clawq",
@@ -79,6 +80,22 @@ def create_app(settings: Settings) -> FastAPI:
         message = f"{field}: {first['msg']}" if field else str(first["msg"])
         return JSONResponse(
             ApiError(422, "invalid_input", message, field or None).body(), status_code=422
+        )
+
+    @app.exception_handler(redis.RedisError)
+    @app.exception_handler(psycopg.OperationalError)
+    async def service_away(request: Request, exc: Exception) -> JSONResponse:
+        """Redis or PostgreSQL away: a clear, retryable answer at once, never a hang."""
+        if not outage.down(exc):
+            return JSONResponse(
+                ApiError(500, "internal", f"{type(exc).__name__}").body(), status_code=500
+            )
+        which = "redis" if outage.redis_down(exc) else "postgresql"
+        message = f"{which} is unreachable right now; retry in a few seconds"
+        return JSONResponse(
+            ApiError(503, "unavailable", message).body() | {"retryable": True},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
     @app.exception_handler(StarletteHTTPException)
