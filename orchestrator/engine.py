@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 import psycopg
-import redis
 import redis.asyncio as aioredis
 from celery import Celery
 
@@ -34,7 +33,7 @@ from broker.protocol import AGENTS_QUEUE, FINAL_STATUSES, Group, JobSpec
 from broker.redis.admission import RECLAIM
 from broker.redis.agent_queue import AgentQueue, AgentRun
 from broker.redis.announce import AnnounceQueue
-from broker.redis.connections import async_redis, retry_pause
+from broker.redis.connections import async_redis, patient_redis, retry_pause
 from broker.redis.presence import process_id
 from broker.redis.ratelimit import RateLimiter
 from orchestrator.calls.approvals import ApprovalAnswer, Approvals
@@ -106,7 +105,11 @@ class Orchestrator:
         self.redis = async_redis(self.settings)
         listen_redis = aioredis.Redis.from_url(self.settings.redis_url)
         agents_redis = aioredis.Redis.from_url(self.settings.redis_url)  # its blocking take
-        self.store = AsyncStore(self.settings.database_url, self.settings.database_pool_size)
+        self.store = AsyncStore(
+            self.settings.database_url,
+            self.settings.database_pool_size,
+            outage_s=self.settings.outage_retry_s,
+        )
         await self.store.open()
         http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
@@ -125,7 +128,7 @@ class Orchestrator:
             self.app,
             AgentTaskEvents(self.app, self.settings.agent_task_events),
             AnnounceQueue(
-                redis.Redis.from_url(self.settings.redis_url),
+                patient_redis(self.settings.redis_url, self.settings.outage_retry_s),
                 self.settings.announce_debounce_s,
                 self.settings.announce_drain_at,
                 inbox_ttl_s=self.settings.events_ttl_s,
@@ -149,7 +152,9 @@ class Orchestrator:
         self.duties: list[Service] = [
             Leases(keeper, self.settings.heartbeat_interval_s),
             ControlChannel(self.redis, self.on_control),
-            Recovery(self.store, self.redis, queue, self.id, self.running, self.accept),
+            Recovery(
+                self.settings, self.store, self.redis, queue, self.id, self.running, self.accept
+            ),
             AnnounceDelivery(self.settings, self.store, self.redis, self.app, self.announcements),
             SubagentArchive(self.settings, self.store, self.redis),
             ArtifactPurge(self.settings),

@@ -4,6 +4,8 @@ PostgreSQL schema, so tests never see each other's state."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -74,12 +76,22 @@ class Isolated:
         store = Store(self.database_url)
         store.migrate()
         store.close()
+        self.spool_dir = tempfile.mkdtemp(prefix="clawq-spool-")  # workers' unrecorded outcomes
         self.settings = Settings.model_validate(
-            {"redis_url": self.redis_url, "database_url": self.database_url, **overrides}
+            {
+                "redis_url": self.redis_url,
+                "database_url": self.database_url,
+                "spool_dir": self.spool_dir,
+                **overrides,
+            }
         )
 
     def env(self) -> dict[str, str]:
-        return {"CLAWQ_REDIS_URL": self.redis_url, "CLAWQ_DATABASE_URL": self.database_url}
+        return {
+            "CLAWQ_REDIS_URL": self.redis_url,
+            "CLAWQ_DATABASE_URL": self.database_url,
+            "CLAWQ_SPOOL_DIR": self.spool_dir,
+        }
 
     def flush(self) -> None:
         with redis.Redis.from_url(self.redis_url) as client:
@@ -90,6 +102,7 @@ class Isolated:
         release_db(self.db)
         with psycopg.connect(PG_BASE, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {self.schema} CASCADE")
+        shutil.rmtree(self.spool_dir, ignore_errors=True)
 
 
 @pytest.fixture

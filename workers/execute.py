@@ -18,24 +18,30 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import keys
+from broker import keys, outage
 from broker.celery.app import create_app
 from broker.config.settings import Settings
 from broker.obs import tracing
 from broker.obs.metrics import metrics
 from broker.pg.store import Store
 from broker.protocol import CallEnvelope, CallOutcome
-from broker.redis.ledger import Ledger
+from broker.redis.ledger import Begin, Ledger
 from broker.redis.presence import Heartbeat, process_id
 from workers import live
 from workers.confine import host as confine
 from workers.confine.sandbox import Sandbox, SandboxError
+from workers.outcomes import Outcomes, call_key
 from workers.registry import Registry
 from workers.scrub import Scrubber, scrub_logs, secrets_of
 from workers.tool import SideEffect, ToolContext, ToolError, ToolResult
 from workers.tools.runtime.process import end_session, state_root
 
 log = logging.getLogger("clawq.worker")
+
+RAN_AGAIN = (
+    "[ran again after its worker died; its first run may have taken effect: check before "
+    "repeating it]\n"
+)
 
 
 @dataclass
@@ -50,21 +56,29 @@ class WorkerRuntime:
     ledger: Ledger
     heartbeat: Heartbeat
     scrub: Scrubber
+    outcomes: Outcomes
     sandbox: Sandbox | None = None
     base_settings: Settings | None = None  # the environment's, under the live configuration
     config_version: int = -1  # the live configuration's change counter when last loaded
+    held: dict[str, float] = field(default_factory=dict)  # calls taken here, not yet recorded
     _store: Store | None = None
     _celery: Celery | None = None
     _reloading: threading.Lock = field(default_factory=threading.Lock)
     _retry_at: float = 0.0
 
     @classmethod
-    def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
-        client = redis.Redis.from_url(settings.redis_url)
+    def start(
+        cls, settings: Settings, registry: Registry, queue: str, node: str, threads: int = 1
+    ) -> WorkerRuntime:
+        client = redis_for(settings, threads)
         proc_id = process_id("worker", settings.node())
         info = {"kind": "worker", "queue": queue, "node": node}
         if queue == "runtime":
             info["confinement"] = confine.describe(confine.for_settings(settings))
+        trust = outage.trust_after_s(settings.heartbeat_interval_s, settings.heartbeat_ttl_s)
+        ledger = Ledger(client, settings.ledger_ttl_s, trust)
+        outcomes = Outcomes(ledger, client, settings.spool_dir, settings.outage_retry_s)
+        held: dict[str, float] = {}
         heartbeat = Heartbeat(
             client,
             proc_id,
@@ -73,14 +87,19 @@ class WorkerRuntime:
             settings.heartbeat_ttl_s,
             node=settings.node(),
             also=(keys.consumer(f"{queue}.{settings.node()}"),),
+            # what it holds: taken, running, or waiting to be recorded (here or spooled)
+            state=lambda: {"calls": [*held, *outcomes.spooled()]},
         )
         heartbeat.start()
         tracing.setup(settings.otlp_endpoint, f"worker-{queue}")  # per process: after the fork
-        ledger = Ledger(client, settings.ledger_ttl_s)
         scrub = Scrubber(secrets_of(settings))
-        runtime = cls(settings, registry, queue, proc_id, client, ledger, heartbeat, scrub)
+        runtime = cls(
+            settings, registry, queue, proc_id, client, ledger, heartbeat, scrub, outcomes
+        )
+        runtime.held = held
         runtime.base_settings = settings
         scrub_logs(lambda: runtime.scrub)  # what this process logs is scrubbed as results are
+        outcomes.start_replaying()
         from broker.config import live as live_config
         from broker.redis.changes import Listener
 
@@ -184,12 +203,29 @@ class WorkerRuntime:
             except (SandboxError, redis.RedisError) as exc:
                 log.warning("sandbox reaper: %s", exc)
 
+    def hold(self, job_id: str, turn: int, call_id: str) -> str:
+        """This process has the call (taken from its queue): its heartbeat says so."""
+        key = call_key(job_id, turn, call_id)
+        self.held.setdefault(key, time.time())
+        return key
+
     def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
         """Execute (or answer from the ledger) and push the outcome; None if skipped.
 
-        A read's first delivery runs while its claim is on the way (running it twice
+        The call is listed as held from here until its outcome is recorded (or spooled),
+        so a watchdog that finds it "running" under this live process but not held knows
+        it was dropped (the task raised, its thread died) and sends it again."""
+        key = self.hold(envelope.job_id, envelope.turn, envelope.call_id)
+        try:
+            return self._run_call(envelope)
+        finally:
+            self.held.pop(key, None)
+
+    def _run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
+        """A read's first delivery runs while its claim is on the way (running it twice
         changes nothing); any other call, and a read sent again (its runner died: it may
-        be what kills them), runs only once the ledger has said it may."""
+        be what kills them), runs only once the ledger has said it may. Redis away at any
+        step is waited for: the claim, the answer, the outcome."""
         self.follow_config()
         claim = (
             envelope.job_id,
@@ -201,17 +237,14 @@ class WorkerRuntime:
         )
         ahead: ToolResult | None = None
         if self.runs_ahead(envelope):
-            verdict = self.ledger.begin_sent(*claim)
-            started = time.time()
-            try:
-                ahead = self.traced(envelope)
-            finally:
-                begun = verdict()  # read even if the tool raised: the connection goes back
+            begun = self.run_ahead(envelope, claim)
+            if isinstance(begun, tuple):
+                begun, ahead = begun
         else:
-            begun = self.ledger.begin(*claim)
-            started = time.time()
+            begun = self.outcomes.begin(*claim)
+        started = time.time()
         if begun.verdict == "done":
-            self.redis.lpush(envelope.reply_to, begun.detail)  # a lost reply is re-sent
+            self.outcomes.push(envelope.reply_to, begun.detail)  # a lost reply is re-sent
             return None
         if begun.verdict == "busy":
             log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)
@@ -225,13 +258,16 @@ class WorkerRuntime:
         if begun.verdict == "exhausted":
             result = ToolResult.error(
                 f"{envelope.tool} was abandoned: the process running it died {begun.detail} "
-                "times. Do not retry it unchanged."
+                "times. Do not retry it unchanged.",
+                abandoned=True,
             )
             self.dead_letter(envelope, attempts)
         elif ahead is not None and not begun.cancelled:
             result = ahead
         else:
             result = self.traced(envelope, begun.cancelled)
+            if begun.again and not self.is_read(envelope) and not begun.cancelled:
+                result = result.model_copy(update={"for_llm": RAN_AGAIN + result.for_llm})
         m.calls.labels(envelope.tool, "error" if result.is_error else "ok").inc()
         m.call_seconds.labels(envelope.tool).observe(time.time() - started)
         outcome = CallOutcome(
@@ -247,7 +283,7 @@ class WorkerRuntime:
             attempts=attempts,
             started_at=started,
         )
-        self.ledger.finish(
+        self.outcomes.record(
             envelope.job_id,
             envelope.turn,
             envelope.call_id,
@@ -256,16 +292,37 @@ class WorkerRuntime:
         )
         return outcome
 
+    def run_ahead(
+        self, envelope: CallEnvelope, claim: tuple[str, int, str, str, int, float]
+    ) -> Begin | tuple[Begin, ToolResult]:
+        """Run a read while its claim is on the way; the verdict, with the result when it
+        ran. A claim that could not be sent, or whose answer was lost, is sent again (the
+        same claim gets the same answer)."""
+        try:
+            verdict = self.ledger.begin_sent(*claim)
+        except redis.RedisError as exc:
+            if not outage.redis_down(exc):
+                raise
+            return self.outcomes.begin(*claim)
+        try:
+            ahead = self.traced(envelope)
+        finally:
+            try:  # read even if the tool raised: the connection goes back
+                begun = verdict()
+            except redis.RedisError as exc:
+                if not outage.redis_down(exc):
+                    raise
+                begun = self.outcomes.begin(*claim)
+        return begun, ahead
+
+    def is_read(self, envelope: CallEnvelope) -> bool:
+        tool = self.registry.declared(envelope.tool)
+        return tool is not None and tool.side_effect == SideEffect.read
+
     def runs_ahead(self, envelope: CallEnvelope) -> bool:
         """Whether the call may run before the ledger's verdict: a declared read, on its
         first delivery, not yet expired."""
-        tool = self.registry.declared(envelope.tool)
-        return (
-            tool is not None
-            and tool.side_effect == SideEffect.read
-            and not envelope.resent
-            and time.time() <= envelope.deadline
-        )
+        return self.is_read(envelope) and not envelope.resent and time.time() <= envelope.deadline
 
     def traced(self, envelope: CallEnvelope, revoked: str = "") -> ToolResult:
         with tracing.span(
@@ -355,6 +412,7 @@ class WorkerRuntime:
         return cancelled
 
     def stop(self) -> None:
+        self.outcomes.stopped.set()
         self.heartbeat.stop()
 
 
@@ -369,6 +427,14 @@ def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) ->
     except ToolError as exc:
         return ToolResult.error(str(exc))
     except Exception as exc:  # a tool bug or a time limit: the model still gets an answer
+        if outage.down(exc):  # not the call's fault, and it passes: say so
+            which = "Redis" if outage.redis_down(exc) else "PostgreSQL"
+            log.warning("tool %s: %s away (%s)", name, which, exc)
+            return ToolResult.error(
+                f"{name} failed: {which} is unreachable right now (temporary); "
+                "try the call again in a few seconds",
+                retryable=True,
+            )
         log.exception("tool %s failed", name)
         return ToolResult.error(f"{name} failed: {type(exc).__name__}: {exc}")
 
@@ -383,10 +449,29 @@ def stop_runtime() -> None:
 
 
 def runtime_for_process(
-    settings: Settings, registry: Registry, queue: str, node: str
+    settings: Settings, registry: Registry, queue: str, node: str, threads: int = 1
 ) -> WorkerRuntime:
     """This process's runtime, created once after fork (never inherited from a parent)."""
     global _runtime
     if _runtime is None or _runtime.heartbeat.info["pid"] != os.getpid():
-        _runtime = WorkerRuntime.start(settings, registry, queue, node)
+        _runtime = WorkerRuntime.start(settings, registry, queue, node, threads)
     return _runtime
+
+
+CONNECTIONS_PER_CALL = 2  # a read's claim, read after it ran, and the tool's own use
+SPARE_CONNECTIONS = 8  # the process's threads: sessions, sandboxes, the spool
+CONNECTION_WAIT_S = 10.0  # then the wait is an outage: retried, never a lost call
+
+
+def redis_for(settings: Settings, threads: int) -> redis.Redis:
+    """This process's client: a pool sized for the calls it runs at once, where a caller
+    that finds none free waits (redis-py's default pool raises "Too many connections" at
+    100, and a web worker of 100 threads lost calls to it); a wait past
+    CONNECTION_WAIT_S raises a ConnectionError, which the outcome's retries treat as Redis
+    away."""
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=CONNECTIONS_PER_CALL * threads + SPARE_CONNECTIONS,
+        timeout=CONNECTION_WAIT_S,
+    )
+    return redis.Redis(connection_pool=pool)

@@ -8,6 +8,7 @@ from broker.celery.app import UNLEDGERED_QUEUES, create_app
 from broker.config.settings import Settings
 from broker.protocol import Group
 from workers.confine import host as confine
+from workers.consumer import CONSUMER
 from workers.pool import SINGLE_CALL_POOL
 from workers.processes import Processes
 from workers.registry import Registry
@@ -29,6 +30,8 @@ def run_worker(
 
     metrics.prepare_worker(settings.metrics_dir)  # before prometheus_client is imported
     app = create_app(settings, ack_emulation=group in UNLEDGERED_QUEUES)
+    app.conf.worker_consumer = CONSUMER  # back on the broker within a second of its return
+    app.conf.broker_connection_max_retries = None
     if group == Group.mcp.value:  # MCP tools come from the catalog, by exposed name
         from workers.tools.mcp.tool import McpRegistry
 
@@ -49,6 +52,8 @@ def run_worker(
         concurrency = concurrency or settings.ui_worker_concurrency
     pool = pool or settings.worker_pool
     concurrency = concurrency or settings.worker_concurrency
+    # the calls one process runs at once: its connection pools are sized for them
+    app.conf.worker_concurrency = 1 if pool == "direct" else concurrency
     # `direct`: N processes, each a Celery worker taking its own calls (workers/processes.py)
     app.conf.worker_pool = "solo" if pool == "direct" else pool  # what the signals see
     queues = [group]

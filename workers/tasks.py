@@ -28,7 +28,8 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
     node = settings.node()
 
     def runtime() -> WorkerRuntime:
-        return runtime_for_process(settings, registry, queue, node)
+        threads = int(app.conf.worker_concurrency or 1)
+        return runtime_for_process(settings, registry, queue, node, threads)
 
     def declare(name: str, group: str, timeout_s: float) -> None:
         def run(envelope: Any = None, **unexpected: Any) -> None:
@@ -101,6 +102,16 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
 
             manager_for_process(settings)
 
+    def received(sender: Any = None, request: Any = None, **_: Any) -> None:
+        """A call taken off the queue is held from now (a threads pool keeps some waiting
+        for a thread): the heartbeat lists it, so no watchdog sends it again meanwhile."""
+        if app.conf.worker_pool == "prefork":  # received by the parent, run by a child
+            return
+        envelope = (getattr(request, "kwargs", None) or {}).get("envelope")
+        if isinstance(envelope, dict) and envelope.get("call_id"):
+            runtime().hold(envelope.get("job_id", ""), envelope.get("turn", 0), envelope["call_id"])
+
+    signals.task_received.connect(received, weak=False)
     # prefork children and solo pools start at their pool's init; a threads pool, once
     # the worker is ready
     signals.worker_process_init.connect(lambda **_: start(), weak=False)

@@ -88,10 +88,23 @@ class AsyncPublisher:
         """Publish one task; `prelude` adds commands (events) that go first in the same
         round trip, and `push` adds the one that pushes the message (a plain LPUSH
         otherwise). The push's reply."""
+        raw = self.message(name=name, queue=queue, kwargs=kwargs, **options)
+        return await self.push(queue, raw, prelude, push)
+
+    def message(self, *, name: str, queue: str, kwargs: dict[str, Any], **options: Any) -> str:
+        """The message as it will sit in its queue (a watchdog looks for it there)."""
         task_id = options.pop("task_id", None) or str(uuid.uuid4())
-        raw = task_message(
+        return task_message(
             self.app, name=name, queue=queue, kwargs=kwargs, task_id=task_id, **options
         )
+
+    async def push(
+        self,
+        queue: str,
+        raw: str,
+        prelude: Callable[[Any], None] | None = None,
+        push: Callable[[Any, str, str], None] | None = None,
+    ) -> Any:
         async with self.redis.pipeline(transaction=False) as pipe:
             if prelude is not None:
                 prelude(pipe)

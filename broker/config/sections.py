@@ -107,6 +107,17 @@ class ToolCalls(BaseModel):
     ledger_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="hot ledger entries in Redis")
     events_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="job event streams in Redis")
     visibility_timeout_s: int = Field(3600, ge=60, description="above the longest hard limit")
+    outage_retry_s: float = Field(
+        600.0,
+        gt=0,
+        description="what must be recorded (a worker's outcome, a job's events and results) is "
+        "retried this long while Redis or PostgreSQL is away; then a worker spools it and a "
+        "job pauses for recovery",
+    )
+    spool_dir: str = Field(
+        "/var/lib/clawq/spool",
+        description="outcomes a worker could not record, replayed when Redis answers again",
+    )
 
 
 class Permissions(BaseModel):

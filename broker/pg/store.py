@@ -11,17 +11,25 @@ from importlib import resources
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg_pool import AsyncConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
 from broker import fastjson
 from broker.errors import Unavailable
+from broker.outage import check_connection, stale
 from broker.pg import features as pg_features
 from broker.pg.transcript_writes import Results, TranscriptWrites, Write
 from broker.protocol import JobResult, JobSpec, ToolCallRecord
 
 MIGRATION_LOCK = 7_415_922_001
+# psycopg_pool doubles its pause between reconnection attempts without end (1, 2, 4, 8 s…):
+# a PostgreSQL back after 10 s was used 5 s later. A second between tries, always.
+AttemptWithBackoff.DELAY_BACKOFF = 1.0
+IDLE = TransactionStatus.IDLE
+CONNECT_TIMEOUT_S = 10  # an unreachable host fails a use, it does not hang it
 
 
 class StoreNotReady(Unavailable):
@@ -139,13 +147,32 @@ def _job_params(job_id: str, session_id: str, spec: JobSpec) -> tuple[Any, ...]:
 
 
 class Store:
-    """Synchronous access for the client and the CLI."""
+    """Synchronous access for the client, the CLI and the workers.
+
+    A long-lived process keeps one; after a PostgreSQL restart its connection is dead, so
+    `conn` hands out a live one: checked without a round trip (outage.stale), opened again
+    when it is not. While PostgreSQL is away that open fails at once (OperationalError),
+    and the next use tries again."""
 
     def __init__(self, url: str) -> None:
-        self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+        self.url = url
+        self._conn = self._connect()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self.url, autocommit=True, row_factory=dict_row, connect_timeout=CONNECT_TIMEOUT_S
+        )
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        c = self._conn
+        if c.closed or c.broken or (c.info.transaction_status == IDLE and stale(c)):
+            c.close()
+            self._conn = c = self._connect()
+        return c
 
     def close(self) -> None:
-        self.conn.close()
+        self._conn.close()
 
     def migrate(self) -> None:
         migrate(self.conn)
@@ -252,19 +279,32 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_dumps(fastjson.dumps_bytes, conn)
 
 
-class AsyncStore:
-    """The orchestrator's pooled, non-blocking access."""
+def async_pool(
+    url: str, max_size: int, **options: Any
+) -> AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]]:
+    """A pool that throws away, at checkout, a connection PostgreSQL closed (a restart):
+    no round trip, so it costs nothing while the database is up."""
+    return AsyncConnectionPool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={"autocommit": True},
+        check=check_connection,
+        **options,
+    )
 
-    def __init__(self, url: str, max_size: int = 10) -> None:
-        self.pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=max_size,
-            open=False,
-            kwargs={"autocommit": True},
-            configure=_configure,
-        )
-        self.writes = TranscriptWrites(self.pool)
+
+class AsyncStore:
+    """The orchestrator's pooled, non-blocking access.
+
+    What a running job writes (its transcript: messages, results, its end) waits for a
+    PostgreSQL that is away, up to `outage_s`, then fails (the job pauses and the recovery
+    sweep resumes it). Connections PostgreSQL closed are thrown away, never used."""
+
+    def __init__(self, url: str, max_size: int = 10, outage_s: float = 0.0) -> None:
+        self.pool = async_pool(url, max_size, configure=_configure)
+        self.writes = TranscriptWrites(self.pool, outage_s=outage_s)
 
     async def open(self) -> None:
         await self.pool.open(wait=True)

@@ -8,8 +8,10 @@ and thousands of jobs write at once: the writes handed in within one pass of the
 to PostgreSQL as one statement, one transaction, one commit (broker/redis/batching.py).
 
 A batch that fails on a row (a constraint, bad data) is written again one write at a
-time, so only the write at fault fails; a connection that fails fails the whole batch,
-and its jobs pause for the recovery sweep as they did with a write of their own.
+time, so only the write at fault fails. A PostgreSQL that is away (down, restarting) is
+waited for, up to `outage_s`: every statement is idempotent (inserts do nothing on a
+conflict), so a batch whose commit was lost with its connection is written again safely.
+Past that the whole batch fails, and its jobs pause for the recovery sweep.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from broker import fastjson
+from broker.outage import async_retrying, postgres_down
 from broker.protocol import CallOutcome
 from broker.redis.batching import PassBatcher
 
@@ -118,9 +121,12 @@ class Write(NamedTuple):
 
 
 class TranscriptWrites(PassBatcher[Write]):
-    def __init__(self, pool: AsyncConnectionPool[Any], in_flight: int = 2) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], in_flight: int = 2, outage_s: float = 0.0
+    ) -> None:
         super().__init__(in_flight)
         self.pool = pool
+        self.outage_s = outage_s
 
     async def write(self, write: Write) -> None:
         await self.submit(write)
@@ -148,5 +154,11 @@ class TranscriptWrites(PassBatcher[Write]):
     async def _execute(self, items: list[Write]) -> None:
         batch = "[" + ",".join(item.json() for item in items) + "]"
         jobs = list({item.job for item in items})
-        async with self.pool.connection() as conn:
-            await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})
+        if not self.outage_s:
+            async with self.pool.connection() as conn:
+                await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})
+            return
+        async for attempt in async_retrying("transcript write", self.outage_s, postgres_down):
+            with attempt:
+                async with self.pool.connection() as conn:
+                    await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})

@@ -25,6 +25,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
+from broker.outage import async_retrying, redis_down
 from broker.redis.batching import PassBatcher
 
 # commands that block the connection, or hold state on it
@@ -67,22 +68,26 @@ class Batcher(PassBatcher[tuple[Stack, bool]]):
         pool: aioredis.ConnectionPool,
         timeout_s: float,
         in_flight: int,
+        outage_s: float = 0.0,
     ) -> None:
         super().__init__(in_flight)
         self.client, self.pool, self.timeout_s = client, pool, timeout_s
+        self.outage_s = outage_s
 
     async def run(self, stack: Stack, raise_on_error: bool = True) -> list[Any]:
         return list(await self.submit((stack, raise_on_error)))
 
     async def send(self, items: list[tuple[Stack, bool]]) -> list[Any]:
-        pipe = Pipeline(self.pool, self.client.response_callbacks, False, None)
-        for stack, _ in items:
-            pipe.command_stack.extend(stack)
-        try:
-            async with asyncio.timeout(self.timeout_s):  # a connection cut mid-read is closed
-                replies = await pipe.execute(raise_on_error=False)
-        except TimeoutError as exc:
-            raise RedisTimeout(f"no reply from Redis within {self.timeout_s:g}s") from exc
+        """The batch, sent again while Redis is away (up to `outage_s`): a job's events,
+        its calls, its results must not be dropped. A batch whose replies were lost with
+        their connection may run twice: a call sent twice is run once (the ledger), an
+        event may be seen twice."""
+        if not self.outage_s:
+            replies = await self._execute(items)
+        else:
+            async for attempt in async_retrying("redis batch", self.outage_s, redis_down):
+                with attempt:
+                    replies = await self._execute(items)
         results: list[Any] = []
         start = 0
         for stack, raise_on_error in items:
@@ -91,6 +96,16 @@ class Batcher(PassBatcher[tuple[Stack, bool]]):
             error = next((r for r in mine if isinstance(r, ResponseError)), None)
             results.append(error if raise_on_error and error is not None else mine)
         return results
+
+    async def _execute(self, items: list[tuple[Stack, bool]]) -> list[Any]:
+        pipe = Pipeline(self.pool, self.client.response_callbacks, False, None)
+        for stack, _ in items:
+            pipe.command_stack.extend(stack)
+        try:
+            async with asyncio.timeout(self.timeout_s):  # a connection cut mid-read is closed
+                return list(await pipe.execute(raise_on_error=False))
+        except TimeoutError as exc:
+            raise RedisTimeout(f"no reply from Redis within {self.timeout_s:g}s") from exc
 
 
 class BatchedPipeline(Pipeline):
@@ -130,15 +145,19 @@ class BatchingRedis(aioredis.Redis):
 
 
 def batching(
-    pool: aioredis.ConnectionPool, timeout_s: float = 5.0, in_flight: int = 2
+    pool: aioredis.ConnectionPool,
+    timeout_s: float = 5.0,
+    in_flight: int = 2,
+    outage_s: float = 0.0,
 ) -> BatchingRedis:
     """A batching client that owns `pool` (its aclose() closes it) and a pool of
-    `in_flight` connections like it for the batches."""
+    `in_flight` connections like it for the batches; batches wait up to `outage_s` for a
+    Redis that is away."""
     client = BatchingRedis(connection_pool=pool)
     client.auto_close_connection_pool = True
     options = {**pool.connection_kwargs, "socket_timeout": None}
     batches = aioredis.BlockingConnectionPool(
         connection_class=pool.connection_class, max_connections=in_flight, **options
     )
-    client.batcher = Batcher(client, batches, timeout_s, in_flight)
+    client.batcher = Batcher(client, batches, timeout_s, in_flight, outage_s)
     return client

@@ -7,6 +7,12 @@ pushed to the waiting orchestrator in one atomic step. `begin` also reads the ca
 cancel flags, so a call revoked while it waited is refused without a round trip of its own.
 `begin_sent` sends the same `begin` and reads its answer later, so a call that is harmless
 to run twice (a read) runs while its claim is on the way.
+
+A `begin` sent again with the same claim (its reply was lost to a dropped connection) gets
+the same answer. A call whose earlier run began and never recorded an outcome is said to
+run again (`Begin.again`): its first run may have taken effect, and the model is told.
+A missing heartbeat is not taken for a dead owner until Redis has been up for
+`trust_after_s`: while it was away, every heartbeat lapsed.
 """
 
 from __future__ import annotations
@@ -23,18 +29,42 @@ from broker import keys
 BEGIN = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if st == 'done' then return {'done', redis.call('HGET', KEYS[1], 'outcome')} end
+local again = ''
 if st == 'running' then
   local owner = redis.call('HGET', KEYS[1], 'proc')
-  if owner ~= ARGV[1] and redis.call('EXISTS', ARGV[5] .. owner) == 1 then
-    return {'busy', owner}
+  if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'started_at') == ARGV[4] then
+    -- this very claim sent again (its reply was lost on the way): the same answer
+    local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
+    return {'run', redis.call('HGET', KEYS[1], 'attempts'), cancelled, ''}
   end
+  if owner ~= ARGV[1] then
+    if redis.call('EXISTS', ARGV[5] .. owner) == 1 then return {'busy', owner} end
+    -- no heartbeat: dead, unless Redis has just come back (every heartbeat lapsed)
+    local up = string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')
+    if tonumber(up) < tonumber(ARGV[6]) then return {'busy', owner} end
+  end
+  again = 'ran'
+elseif st == 'released' then
+  again = 'ran'
 end
 local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 if n > tonumber(ARGV[2]) then return {'exhausted', tostring(n - 1)} end
 redis.call('HSET', KEYS[1], 'status', 'running', 'proc', ARGV[1], 'started_at', ARGV[4])
 local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
-return {'run', tostring(n), cancelled}
+return {'run', tostring(n), cancelled, again}
+"""
+
+# KEYS: the call; ARGV: its owner, when it started. A live process that no longer holds
+# the call it began (its heartbeat lists what it holds) lets it go: the next delivery runs.
+RELEASE = """
+if redis.call('HGET', KEYS[1], 'status') == 'running'
+  and redis.call('HGET', KEYS[1], 'proc') == ARGV[1]
+  and redis.call('HGET', KEYS[1], 'started_at') == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'status', 'released')
+  return 1
+end
+return 0
 """
 
 FINISH = """
@@ -54,21 +84,23 @@ class Begin:
     verdict: Verdict
     detail: str  # attempt number, stored outcome JSON, or the busy owner
     cancelled: str = ""  # with "run": why the call must not run (its job or it was revoked)
+    again: bool = False  # with "run": an earlier run began and never recorded an outcome
 
 
 class Ledger:
     """Synchronous ledger operations, used inside worker processes."""
 
-    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, ttl_s: int, trust_after_s: float = 5.0) -> None:
         self.client = client
         self.ttl_s = ttl_s
+        self.trust_after_s = trust_after_s  # Redis up this long: a lapsed heartbeat is death
         self._begin = client.register_script(BEGIN)
         self._finish = client.register_script(FINISH)
 
     def begin(
         self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
     ) -> Begin:
-        names, args = _begin_args(job_id, turn, call_id, proc_id, max_deliveries, now, self.ttl_s)
+        names, args = self._begin_args(job_id, turn, call_id, proc_id, max_deliveries, now)
         return _verdict(self._begin(keys=names, args=args))
 
     def begin_sent(
@@ -76,7 +108,7 @@ class Ledger:
     ) -> Callable[[], Begin]:
         """Send `begin` now; the returned function reads its verdict. The call is claimed
         (running, by this process) from the moment Redis runs it, as with `begin`."""
-        names, args = _begin_args(job_id, turn, call_id, proc_id, max_deliveries, now, self.ttl_s)
+        names, args = self._begin_args(job_id, turn, call_id, proc_id, max_deliveries, now)
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
@@ -105,24 +137,20 @@ class Ledger:
         )
         return bool(done)
 
-
-def _begin_args(
-    job_id: str,
-    turn: int,
-    call_id: str,
-    proc_id: str,
-    max_deliveries: int,
-    now: float,
-    ttl_s: int,
-) -> tuple[list[str], list[Any]]:
-    names = [
-        keys.call(job_id, turn, call_id),
-        keys.cancel(job_id),
-        keys.cancel_call(job_id, turn, call_id),
-    ]
-    return names, [proc_id, max_deliveries, ttl_s, now, keys.PROC_PREFIX]
+    def _begin_args(
+        self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
+    ) -> tuple[list[str], list[Any]]:
+        names = [
+            keys.call(job_id, turn, call_id),
+            keys.cancel(job_id),
+            keys.cancel_call(job_id, turn, call_id),
+        ]
+        args = [proc_id, max_deliveries, self.ttl_s, now, keys.PROC_PREFIX, self.trust_after_s]
+        return names, args
 
 
 def _verdict(found: list[Any]) -> Begin:
     verdict, detail, *rest = (v.decode() if v else "" for v in found)
-    return Begin(verdict, detail, rest[0] if rest else "")  # type: ignore[arg-type]
+    cancelled = rest[0] if rest else ""
+    again = len(rest) > 1 and rest[1] == "ran"
+    return Begin(verdict, detail, cancelled, again)  # type: ignore[arg-type]

@@ -33,7 +33,10 @@ class Heartbeat:
     """A daemon thread that keeps this process's presence key alive.
 
     `extra` adds commands to each beat's round trip (an orchestrator's job leases);
-    `alive`, when it says no, skips the beat, so the key lapses as a dead process's does."""
+    `alive`, when it says no, skips the beat, so the key lapses as a dead process's does;
+    `state` adds fields to each beat (a worker's `calls`: those it holds now). Each beat
+    says when it was made (`at`, this host's clock): a watchdog compares it with when a
+    call began on the same host."""
 
     def __init__(
         self,
@@ -46,6 +49,7 @@ class Heartbeat:
         also: tuple[str, ...] = (),
         extra: Callable[[Pipeline], None] | None = None,
         alive: Callable[[], bool] | None = None,
+        state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         # its own connections, with a timeout: a beat stuck behind a slow read would let
         # the key expire while the process is alive
@@ -64,20 +68,25 @@ class Heartbeat:
             "started": time.time(),
         }
         self.also = also  # keys kept alive with this one, shared with others: never deleted
-        self.extra, self.alive = extra, alive
+        self.extra, self.alive, self.state = extra, alive, state
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clawq-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self.beat()
+        try:
+            self.beat()
+        except Exception as exc:  # Redis away as the process starts: the thread beats on
+            log.warning("first heartbeat of %s failed (%s); retrying", self.proc_id, exc)
         self._thread.start()
 
     def beat(self) -> None:
         self.info["load"] = round(os.getloadavg()[0], 2)
+        self.info["at"] = time.time()
+        info = self.info if self.state is None else {**self.info, **self.state()}
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(keys.proc(self.proc_id), json.dumps(self.info), px=self.ttl_ms)
+        pipe.set(keys.proc(self.proc_id), json.dumps(info), px=self.ttl_ms)
         for key in self.also:
             pipe.set(key, self.proc_id, px=self.ttl_ms)
         if self.extra is not None:
@@ -100,6 +109,20 @@ class Heartbeat:
             except Exception as exc:  # never let the thread die: a silent heartbeat reads
                 # as a dead process, and its calls would be run a second time elsewhere
                 log.warning("heartbeat of %s failed (%s); retrying", self.proc_id, exc)
+
+
+STALE_INTERVALS = 2.5  # a beat this many intervals old is a dead process's
+
+
+def beat_age_s(pttl_ms: int, ttl_s: float) -> float:
+    """How long ago a heartbeat key was last set, from its remaining life (no clocks)."""
+    return ttl_s - pttl_ms / 1000
+
+
+def stale(pttl_ms: int, interval_s: float, ttl_s: float) -> bool:
+    """A process that died stops beating; its key lives on until the TTL. A beat older
+    than STALE_INTERVALS intervals says the process is gone (a missing key says it too)."""
+    return pttl_ms < 0 or beat_age_s(pttl_ms, ttl_s) > STALE_INTERVALS * interval_s
 
 
 def live_processes(client: redis.Redis) -> list[dict[str, Any]]:

@@ -4,7 +4,9 @@ Two kinds land here, in PostgreSQL, with the reason and what was received: a cal
 process died on each of its `CLAWQ_MAX_DELIVERIES` deliveries (the model still gets its
 error result), and a message a worker could not decode into an envelope. `retry` sends a
 dead call again as it was, with a fresh deadline and its ledger entry cleared, once the
-cause is fixed; its outcome goes to the ledger as any call's does."""
+cause is fixed; its outcome goes to the ledger as any call's does. A call whose outcome
+exists is never sent again: `outcome_found` looks everywhere one may be (the hot ledger,
+the spools of live workers, the stored results); the abandonment itself does not count."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
+import redis
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from broker.protocol import CallEnvelope
+from broker import keys
+from broker.protocol import CallEnvelope, CallOutcome
+from broker.redis.presence import live_processes
 
 COLUMNS = (
     "id, kind, reason, queue, task, tool, job_id, turn, call_id, envelope, raw, attempts,"
@@ -103,3 +108,26 @@ class DeadLetters:
             "DELETE FROM dead_letters WHERE created_at < now() - make_interval(secs => %s)",
             (older_than_s,),
         ).rowcount
+
+
+def outcome_found(client: redis.Redis, conn: psycopg.Connection[Any], e: CallEnvelope) -> str:
+    """Where an outcome of this call already is ('' when nowhere): a call that ran to its
+    end must not run again. The error that abandoned it is not an outcome of its run.
+    `conn` gives rows as dicts (a Store's)."""
+    status, raw = client.hmget(keys.call(e.job_id, e.turn, e.call_id), ["status", "outcome"])
+    if status == b"done" and raw:
+        outcome = CallOutcome.model_validate_json(raw)
+        if not outcome.metadata.get("abandoned"):
+            return f"the ledger has its outcome (run by {outcome.worker})"
+    held = f"{e.job_id}:{e.turn}:{e.call_id}"
+    for proc in live_processes(client):
+        if held in (proc.get("calls") or ()):
+            return f"{proc.get('id')} holds it (running, or its outcome waits in a spool)"
+    row = conn.execute(
+        "SELECT status, worker, metadata FROM tool_calls WHERE job_id = %s AND turn = %s"
+        " AND call_id = %s",
+        (e.job_id, e.turn, e.call_id),
+    ).fetchone()
+    if row is not None and row["status"] == "done" and not row["metadata"].get("abandoned"):
+        return f"its result is in the transcript (run by {row['worker']})"
+    return ""

@@ -9,22 +9,26 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
+import psycopg
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from broker import outage
 from broker.config.settings import Settings
 from broker.errors import RequestError, Unavailable
-from broker.pg.store import Store
+from broker.pg.store import Store, async_pool
+from broker.redis.connections import reconnecting_redis
 from broker.redis.ratelimit import RateLimiter
 from orchestrator.api import artifacts, canvas, custom_tools, jobs, mcp
 from orchestrator.api.deps import Services
 from orchestrator.api.streams import EventHub
 
 HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+CONNECTION_WAIT_S = 5.0  # a request waits this long for a PostgreSQL connection, then 503
+RETRY_AFTER_S = 5
 
 
 def answer(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
@@ -35,31 +39,34 @@ def answer(status: int, code: str, message: str, field: str | None = None) -> JS
     return JSONResponse({"error": error}, status_code=status)
 
 
+def retry_later(message: str) -> JSONResponse:
+    """A service is away: 503, retryable, with when to try again."""
+    body = {"error": {"code": "unavailable", "message": message}, "retryable": True}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(settings.database_url)
         store.migrate()
         store.close()
-        pool = AsyncConnectionPool(
-            settings.database_url,
-            min_size=1,
-            max_size=settings.database_pool_size,
-            open=False,
-            kwargs={"autocommit": True},
+        # a request waits a few seconds at most for a connection (then 503, retryable)
+        pool = async_pool(
+            settings.database_url, settings.database_pool_size, timeout=CONNECTION_WAIT_S
         )
         await pool.open(wait=True)
-        redis = aioredis.Redis.from_url(settings.redis_url, max_connections=10_000)
-        limiter = RateLimiter(redis, settings.api_rate_limit_per_minute, window_s=60.0)
-        hub = EventHub(redis)
+        client = reconnecting_redis(settings.redis_url, max_connections=10_000)
+        limiter = RateLimiter(client, settings.api_rate_limit_per_minute, window_s=60.0)
+        hub = EventHub(client)
         await hub.start()
-        app.state.services = Services(settings, pool, redis, limiter, threading.local(), hub)
+        app.state.services = Services(settings, pool, client, limiter, threading.local(), hub)
         try:
             yield
         finally:
             await hub.stop()
             await pool.close()
-            await redis.aclose()
+            await client.aclose()
 
     app = FastAPI(
         title="clawq",
@@ -80,7 +87,16 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(Unavailable)
     async def unavailable(request: Request, exc: Unavailable) -> JSONResponse:
-        return answer(503, "unavailable", f"{exc}; try again")
+        return retry_later(f"{exc}; retry in a few seconds")
+
+    @app.exception_handler(redis.RedisError)
+    @app.exception_handler(psycopg.OperationalError)
+    async def service_away(request: Request, exc: Exception) -> JSONResponse:
+        """Redis or PostgreSQL away: a clear, retryable answer at once, never a hang."""
+        if not outage.down(exc):
+            return answer(500, "internal", type(exc).__name__)
+        which = "redis" if outage.redis_down(exc) else "postgresql"
+        return retry_later(f"{which} is unreachable right now; retry in a few seconds")
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

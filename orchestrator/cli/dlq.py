@@ -13,7 +13,7 @@ import redis
 from broker import keys
 from broker.config.settings import Settings
 from broker.protocol import CallEnvelope
-from broker.stores.dead_letters import DeadLetter, DeadLetters
+from broker.stores.dead_letters import DeadLetter, DeadLetters, outcome_found
 from orchestrator.cli.common import database, json_option, table
 
 
@@ -70,7 +70,8 @@ def show(letter_id: int) -> None:
 @dlq.command()
 @click.argument("letter_id", type=int)
 def retry(letter_id: int) -> None:
-    """Send a dead call again as it was (a fresh deadline, its ledger entry cleared)."""
+    """Send a dead call again as it was (a fresh deadline, its ledger entry cleared), unless
+    an outcome of it exists (the ledger, a live worker's spool, the stored results)."""
     from broker.celery.app import create_app
 
     with opened() as (settings, letters):
@@ -81,6 +82,10 @@ def retry(letter_id: int) -> None:
             update={"deadline": time.time() + settings.visibility_timeout_s, "resent": True}
         )
         with redis.Redis.from_url(settings.redis_url) as client:
+            if where := outcome_found(client, letters.conn, envelope):
+                raise click.ClickException(
+                    f"dead letter {letter_id}: {found.tool} not sent again: {where}"
+                )
             client.delete(keys.call(envelope.job_id, envelope.turn, envelope.call_id))
         app = create_app(settings)
         app.send_task(

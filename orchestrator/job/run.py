@@ -18,7 +18,7 @@ import httpx
 import redis.asyncio as aioredis
 from celery import Celery, signature
 
-from broker import keys
+from broker import keys, outage
 from broker.config.policy import PermissionRules
 from broker.config.settings import Settings
 from broker.errors import Signal
@@ -39,6 +39,7 @@ from broker.redis import events
 from broker.redis.announce import CLOSE, RELEASE, AnnounceItem, AnnounceQueue
 from broker.redis.budget import Budget, price
 from broker.redis.control import cancel_jobs_async
+from broker.redis.presence import stale
 from broker.redis.ratelimit import RateLimiter
 from broker.stores.mcp import accessible_tools
 from orchestrator.calls import tenancy
@@ -112,6 +113,7 @@ class JobRun:
         self.unwritten: Results | None = None  # a turn's results held for the next write
         self.write_timer: asyncio.TimerHandle | None = None
         self.current: TurnCalls | None = None  # the calls of the turn in flight
+        self.resumed_turn = -1  # a turn found unanswered in the transcript when resumed
         self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
         self.registry, self.policy = services.registry, services.policy  # + its MCP tools
@@ -239,6 +241,7 @@ class JobRun:
         provider = provider_for(self.spec.model, self.spec.script, self.s.settings, self.s.http)
         last = self.messages[-1]
         if last.role == "assistant" and last.tool_calls:  # resumed mid-turn
+            self.resumed_turn = self.turns - 1  # its calls may have been sent: resends
             await self.run_calls(self.turns - 1, last.tool_calls)
         elif last.role == "assistant":
             return "completed", last.text, ""
@@ -495,22 +498,34 @@ class JobRun:
             "unknown); nodes list shows the live ones"
         )
 
-    async def pinned_queue(self, tool: str) -> str | None:
-        """The queue of the live process holding this session's state for `tool`; None
-        when there is none or it died (the tool then says its state was lost)."""
-        raw = await self.s.redis.get(keys.pin(self.session_id, tool))
+    async def pinned(self, tool: str) -> tuple[str, str] | None:
+        """The queue and process holding this session's state for `tool`; None when there
+        is none or it died (the tool then says its state was lost). A process that died
+        stops beating: a beat older than two intervals and a half is a dead one's, though
+        its key lives on for the TTL (unless Redis itself has just come back): the tool,
+        on whichever worker takes the call, judges it the same way (browser._lost)."""
+        redis, s = self.s.redis, self.s.settings
+        raw = await redis.get(keys.pin(self.session_id, tool))
         if not raw:
             return None
         pin = json.loads(raw)
-        alive = await self.s.redis.exists(keys.proc(pin.get("proc", "")))
-        return str(pin["queue"]) if alive else None
+        proc = str(pin.get("proc", ""))
+        pttl = await redis.pttl(keys.proc(proc))
+        if pttl is None or pttl < 0:
+            return None
+        if stale(pttl, s.heartbeat_interval_s, s.heartbeat_ttl_s) and (
+            await outage.heartbeats_trusted(redis, s.heartbeat_interval_s, s.heartbeat_ttl_s)
+        ):
+            return None
+        return str(pin["queue"]), proc
 
     async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
         async with self.parallel:
             timeout = ready.tool.timeout(ready.args, self.s.settings)
             queue = ready.tool.route(ready.args) or ready.tool.group.value
-            if ready.tool.pinned:
-                queue = await self.pinned_queue(ready.tool.name) or queue
+            pinned = ""
+            if ready.tool.pinned and (pin := await self.pinned(ready.tool.name)):
+                queue, pinned = pin
             envelope = CallEnvelope(
                 call_id=ready.call.id,
                 job_id=self.job_id,
@@ -540,6 +555,7 @@ class JobRun:
                 reply_to=self.s.dispatcher.reply_key,
                 max_deliveries=self.s.settings.max_deliveries,
                 sent_at=time.time(),
+                resent=turn == self.resumed_turn,  # sent before, by the job's last run
             )
             queued = Event(
                 type="tool_call_queued",
@@ -574,11 +590,13 @@ class JobRun:
                     envelope.trace = tracing.carrier()  # the worker's span is a child of this
                     try:
                         outcome = await self.s.dispatcher.call(
-                            envelope, queue, self.take_pending, admit
+                            envelope, queue, self.take_pending, admit, pinned
                         )
                     except NotAdmitted as refused:
                         limited = await self.gate.rate_limited(ready, refused.used)
                         return self.local_outcome(turn, ready.call, limited)
+            if outcome.metadata.get("session_lost"):  # the next call starts a new one
+                await self.s.redis.delete(keys.pin(self.session_id, ready.tool.name))
             return await self.after(ready, outcome)
 
     async def after(self, ready: Ready, outcome: CallOutcome) -> CallOutcome:

@@ -1,5 +1,6 @@
 """Recovery: resume running jobs whose orchestrator stopped holding their lease, and queue
-again the agent runs a dead orchestrator had taken but not accepted."""
+again the agent runs a dead orchestrator had taken but not accepted; not while Redis has
+just come back (a missing presence then says nothing)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from broker import keys
+from broker import keys, outage
+from broker.config.settings import Settings
 from broker.pg.store import AsyncStore
 from broker.redis.agent_queue import AgentQueue
 from orchestrator.services.service import Periodic
@@ -21,6 +23,7 @@ class Recovery(Periodic):
 
     def __init__(
         self,
+        settings: Settings,
         store: AsyncStore,
         redis: Any,
         agent_queue: AgentQueue,
@@ -29,6 +32,7 @@ class Recovery(Periodic):
         accept: Callable[[str], Awaitable[bool]],
     ) -> None:
         super().__init__()
+        self.settings = settings
         self.store = store
         self.redis = redis
         self.agent_queue = agent_queue
@@ -37,6 +41,11 @@ class Recovery(Periodic):
         self.accept = accept
 
     async def tick(self) -> None:
+        s = self.settings
+        if not await outage.heartbeats_trusted(
+            self.redis, s.heartbeat_interval_s, s.heartbeat_ttl_s
+        ):  # Redis has just come back: every presence lapsed, and is beating again
+            return
         await self.agent_queue.restore_dead()
         for job_id in await self.orphans():
             if await self.accept(job_id):

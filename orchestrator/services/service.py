@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import logging
 
+from broker import outage
+
 log = logging.getLogger("clawq.orchestrator")
 
 
@@ -42,8 +44,8 @@ class Periodic(Service):
             await asyncio.sleep(self.interval_s)
             try:
                 await self.tick()
-            except Exception:
-                log.exception("%s failed; it is tried again", self.name)
+            except Exception as exc:  # tried again at the next tick
+                outage.report(log, self.name, exc)
 
     async def tick(self) -> None:
         raise NotImplementedError

@@ -48,3 +48,44 @@ def test_an_exhausted_call_lands_once_with_its_envelope(isolated: Isolated) -> N
         assert letters.purge() == 3 and letters.list() == []
     finally:
         store.close()
+
+
+def test_a_dead_call_with_an_outcome_anywhere_is_not_sent_again(isolated: Isolated) -> None:
+    """Before `clawq dlq retry` resends: the hot ledger, the live workers' heartbeats (what
+    they hold, spool included) and the stored results are looked at; the abandonment
+    itself is no outcome."""
+    import json
+
+    import redis
+
+    from broker import keys
+    from broker.protocol import CallOutcome, JobSpec
+    from broker.stores.dead_letters import outcome_found
+
+    e = envelope()
+    store = Store(isolated.database_url)
+    client = redis.Redis.from_url(isolated.redis_url)
+    try:
+        store.create_job("j1", "s1", JobSpec(prompt="p", workspace="/tmp"))
+        assert outcome_found(client, store.conn, e) == ""
+        call = keys.call("j1", 2, "c1")
+        abandoned = CallOutcome(
+            call_id="c1", job_id="j1", turn=2, for_llm="abandoned", metadata={"abandoned": True}
+        )
+        client.hset(call, mapping={"status": "done", "outcome": abandoned.model_dump_json()})
+        assert outcome_found(client, store.conn, e) == ""  # the abandonment: retry it
+        ran = abandoned.model_copy(update={"metadata": {}, "worker": "worker@h:7"})
+        client.hset(call, "outcome", ran.model_dump_json())
+        assert "ledger" in outcome_found(client, store.conn, e)
+        client.delete(call)
+        client.set(keys.proc("worker@h:8"), json.dumps({"id": "worker@h:8", "calls": ["j1:2:c1"]}))
+        assert "worker@h:8 holds it" in outcome_found(client, store.conn, e)
+        client.delete(keys.proc("worker@h:8"))
+        store.conn.execute(
+            "INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status, worker)"
+            " VALUES ('j1', 2, 'c1', 0, 'exec', '{}', 'done', 'worker@h:9')"
+        )
+        assert "transcript" in outcome_found(client, store.conn, e)
+    finally:
+        client.close()
+        store.close()

@@ -77,3 +77,53 @@ def test_a_begin_sent_to_a_redis_without_the_script_still_claims_once(
     begun = ledger.begin_sent("job", 0, "c", "w1", 3, 1.0)()
     assert (begun.verdict, begun.detail) == ("run", "1")
     assert client.hget(keys.call("job", 0, "c"), "attempts") == b"1"  # not twice
+
+
+def test_the_same_claim_sent_again_gets_the_same_answer(client: redis.Redis) -> None:
+    """A `begin` whose reply was lost to a dropped connection is sent again: it is not a
+    second delivery (no attempt counted, not taken for a run that died)."""
+    ledger = Ledger(client, ttl_s=60)
+    client.set(keys.proc("w1"), "{}")
+    first = ledger.begin("job", 0, "c", "w1", 3, 5.5)
+    again = ledger.begin("job", 0, "c", "w1", 3, 5.5)
+    assert (again.verdict, again.detail, again.again) == ("run", "1", False)
+    assert first.detail == again.detail
+    assert client.hget(keys.call("job", 0, "c"), "attempts") == b"1"
+
+
+def test_a_call_whose_run_died_runs_again_and_says_so(client: redis.Redis) -> None:
+    ledger = Ledger(client, ttl_s=60)
+    assert ledger.begin("job", 0, "c", "dead", 3, 1.0).again is False  # its first run
+    rerun = ledger.begin("job", 0, "c", "w2", 3, 2.0)  # "dead" has no heartbeat
+    assert (rerun.verdict, rerun.detail, rerun.again) == ("run", "2", True)
+    # the same process beginning it again (its first run raised) is a run again too
+    client.set(keys.proc("w2"), "{}")
+    assert ledger.begin("job", 0, "c", "w2", 3, 3.0).again is True
+
+
+def test_a_released_call_runs_again_and_says_so(client: redis.Redis) -> None:
+    """The watchdog releases a call its live owner no longer holds: the next delivery
+    runs it, and its first run may have taken effect."""
+    from broker.redis.ledger import RELEASE
+
+    ledger = Ledger(client, ttl_s=60)
+    client.set(keys.proc("w1"), "{}")
+    ledger.begin("job", 0, "c", "w1", 3, 1.0)
+    call = keys.call("job", 0, "c")
+    assert client.eval(RELEASE, 1, call, "w1", "2.0") == 0  # another claim: left as it is
+    assert client.eval(RELEASE, 1, call, "w1", "1.0") == 1
+    rerun = ledger.begin("job", 0, "c", "w2", 3, 3.0)
+    assert (rerun.verdict, rerun.again) == ("run", True)
+
+
+def test_a_lapsed_heartbeat_is_not_death_while_redis_has_just_come_back(
+    client: redis.Redis,
+) -> None:
+    """Every heartbeat lapses while Redis is away: until it has been up for a heartbeat
+    TTL, a call whose owner has no heartbeat is left to that owner."""
+    uptime = int(client.info("server")["uptime_in_seconds"])
+    just_back = Ledger(client, ttl_s=60, trust_after_s=uptime + 3600)
+    just_back.begin("job", 0, "c", "owner", 3, 1.0)
+    assert just_back.begin("job", 0, "c", "w2", 3, 2.0).verdict == "busy"
+    settled = Ledger(client, ttl_s=60, trust_after_s=5)
+    assert settled.begin("job", 0, "c", "w2", 3, 2.0).verdict == "run"

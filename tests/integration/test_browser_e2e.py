@@ -355,3 +355,33 @@ def test_a_killed_ui_worker_makes_the_next_call_report_the_lost_session(
     (lost,) = result.tool_calls
     assert lost.is_error and "browser session was lost" in lost.output, lost.output
     assert time.monotonic() - started < 15  # answered by the other ui worker, not a timeout
+
+
+def test_a_call_sent_just_after_its_ui_worker_died_is_answered_session_lost_at_once(
+    cluster: Cluster, site: Site, workspace: Path
+) -> None:
+    """The dead process's heartbeat key lives on for its TTL, so the call is routed to
+    that process's own queue, which nobody reads: its last beat grows old, and the call
+    is answered "session lost" within seconds (it waited 300 s for a worker before)."""
+    session = "s-" + uuid.uuid4().hex[:8]
+    in_session(cluster, session, workspace, browser("n", action="navigate", url=site.url + "/"))
+    import json
+    import os
+
+    import redis
+
+    from broker import keys
+
+    with redis.Redis.from_url(cluster.iso.redis_url) as r:
+        pin = json.loads(r.get(keys.pin(session, "browser")) or b"{}")
+        pid = int(pin["proc"].rsplit(":", 1)[1])
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+        assert r.exists(keys.proc(pin["proc"]))  # its key still says it lives
+    started = time.monotonic()
+    result = in_session(cluster, session, workspace, browser("s", action="snapshot"))
+    (lost,) = result.tool_calls
+    assert lost.is_error and "lost" in lost.output, lost.output
+    assert time.monotonic() - started < 10
+    with redis.Redis.from_url(cluster.iso.redis_url) as r:
+        assert not r.exists(keys.pin(session, "browser"))  # the next call starts a new one

@@ -76,9 +76,11 @@ def test_killed_executor_process_is_redelivered(cluster: Cluster, workspace: Pat
     result = job.wait(timeout=60)
     assert result.status == "completed"
     (only,) = result.tool_calls
-    assert not only.is_error and only.output.startswith("finished")
+    assert not only.is_error and only.output.split("\n", 1)[1].startswith("finished")
     assert only.attempts == 2
-    assert (workspace / "runs.txt").read_text() == "finished\n"  # the killed run never wrote
+    # the killed run never wrote, but it had begun: the model is told it may have
+    assert only.output.startswith("[ran again after its worker died; its first run may")
+    assert (workspace / "runs.txt").read_text() == "finished\n"
 
 
 def runs(workspace: Path) -> int:
@@ -141,6 +143,14 @@ def test_poison_call_stops_at_the_delivery_cap(cluster: Cluster, workspace: Path
         check=True,
     )
     assert json.loads(shown.stdout)["status"] == "retried"
+    again = subprocess.run(  # it has an outcome now: never run a second time
+        [sys.executable, "-m", "orchestrator.cli", "dlq", "retry", str(dead["id"])],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode != 0 and "not sent again: the ledger has its outcome" in again.stderr
+    assert (workspace / "runs.txt").read_text() == "run\nrun\nrun\n"
 
 
 def test_whole_worker_killed_call_finishes_on_another_worker(
@@ -154,7 +164,8 @@ def test_whole_worker_killed_call_finishes_on_another_worker(
     result = job.wait(timeout=60)
     assert result.status == "completed"
     (only,) = result.tool_calls
-    assert not only.is_error and only.output.startswith("finished")
+    assert not only.is_error and "\nfinished\n" in only.output
+    assert "ran again after its worker died" in only.output
     assert int(only.worker.rsplit(":", 1)[1]) != child
 
 

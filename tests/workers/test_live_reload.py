@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
 from workers.egress.client import egress_for
 from workers.execute import WorkerRuntime
+from workers.outcomes import Outcomes
 from workers.registry import default_registry
 from workers.scrub import Scrubber, secrets_of
 
@@ -38,20 +40,22 @@ def telegram() -> Iterator[Site]:
 
 
 def test_a_change_applied_before_a_call_is_in_force_for_it(
-    isolated: Isolated, telegram: Site, monkeypatch: pytest.MonkeyPatch
+    isolated: Isolated, telegram: Site, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("TEST_RELOAD_TG_TOKEN", TOKEN)
     base = isolated.settings.model_copy(update={"web_private_allow": [telegram.endpoint]})
     client = redis.Redis.from_url(base.redis_url)
+    ledger = Ledger(client, 600)
     runtime = WorkerRuntime(
         base,
         default_registry(),
         "messaging",
         "worker:test:1",
         client,
-        Ledger(client, 600),
+        ledger,
         heartbeat=None,  # type: ignore[arg-type]  # not used by a call
         scrub=Scrubber(secrets_of(base)),
+        outcomes=Outcomes(ledger, client, str(tmp_path / "spool"), base.outage_retry_s),
         base_settings=base,
     )
     runtime.follow_config()  # nothing applied yet: the environment rules

@@ -115,3 +115,36 @@ def test_a_read_sent_again_runs_only_when_the_ledger_lets_it(
     done = runtime.run_call(envelope("counted_read", "r", resent=True))
     assert done is not None and done.is_error and "died 3 times" in done.for_llm
     assert runs("read") == 0
+
+
+def test_a_call_whose_runner_died_mid_run_tells_the_model_it_ran_again(
+    runtime: WorkerRuntime,
+) -> None:
+    """A write found begun by a process that died may have taken effect: it runs again
+    and its result says so. A read ran again changes nothing and says nothing."""
+    runtime.ledger.begin("j", 0, "w", "dead", 3, time.time())
+    runtime.ledger.begin("j", 0, "r", "dead", 3, time.time())
+    write = runtime.run_call(envelope("counted_write", "w", resent=True))
+    read = runtime.run_call(envelope("counted_read", "r", resent=True))
+    assert write is not None and write.attempts == 2
+    assert write.for_llm.startswith("[ran again after its worker died; its first run may")
+    assert write.for_llm.endswith("fresh") and runs("write") == 1
+    assert read is not None and read.for_llm == "fresh"
+    first = runtime.run_call(envelope("counted_write", "w2"))  # never begun before
+    assert first is not None and first.for_llm == "fresh"
+
+
+def test_the_heartbeat_lists_the_calls_this_process_holds(runtime: WorkerRuntime) -> None:
+    """Taken, running or waiting to be recorded: a watchdog that finds a call "running"
+    under this live process and not listed knows it was dropped."""
+    import json
+
+    key = runtime.hold("j", 3, "c")
+    runtime.heartbeat.beat()
+    beat = json.loads(runtime.redis.get(keys.proc(runtime.proc_id)) or b"{}")
+    assert key in beat["calls"] and beat["at"] > 0
+    done = runtime.run_call(envelope("counted_write", "c2"))
+    assert done is not None
+    runtime.heartbeat.beat()
+    beat = json.loads(runtime.redis.get(keys.proc(runtime.proc_id)) or b"{}")
+    assert beat["calls"] == [key]  # the finished call is no longer held

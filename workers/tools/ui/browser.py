@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from broker import keys
 from broker.protocol import Group
+from broker.redis.presence import stale
 from workers.egress.netguard import EgressError, EgressPolicy, check_url, domain_matches, parse_url
 from workers.tool import (
     Permission,
@@ -196,8 +197,9 @@ class Browser(Tool[BrowserInput]):
         return ToolResult(for_llm=text, for_user=self.summary(args), metadata=metadata)
 
     def _lost(self, ctx: ToolContext, pin_key: str) -> str:
-        """Why this session's browser is gone ('' if it is not): its process died, or
-        this process closed it (idle, too old)."""
+        """Why this session's browser is gone ('' if it is not): its process died (its
+        heartbeat is gone or stale, as the router judges it), or this process closed it
+        (idle, too old)."""
         if ctx.redis is None:
             return ""
         from workers.tools.ui.engine import engine_for_process
@@ -207,7 +209,9 @@ class Browser(Tool[BrowserInput]):
             return ""
         pin = json.loads(raw)
         if pin.get("proc") != ctx.proc_id:
-            if ctx.redis.exists(keys.proc(pin.get("proc", ""))):
+            s = ctx.settings
+            pttl = int(ctx.redis.pttl(keys.proc(pin.get("proc", ""))))
+            if not stale(pttl, s.heartbeat_interval_s, s.heartbeat_ttl_s):
                 return ""  # routed here by mistake; that process still holds it
             ctx.redis.delete(pin_key)
             return (

@@ -1,0 +1,156 @@
+"""An outcome is never dropped: recorded in the ledger whatever it takes.
+
+`Ledger.finish` records a call's outcome and pushes it to its orchestrator in one step.
+When Redis is away at that moment, the outcome is kept: retried with a backoff (a second
+at most between tries) for `outage_retry_s`, while this process takes no other call. What
+still cannot be recorded is written to the spool (`spool_dir`, one file per call, fsynced)
+and replayed when Redis answers again: at the process's start and every few seconds. While
+an outcome waits, in memory or in the spool, the call is listed in this host's heartbeats
+as held, so no watchdog sends it again.
+
+A claim (`begin`) and a repeat's answer are retried the same way: the message was taken
+off its queue, and only this process knows of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import redis
+
+from broker import outage
+from broker.redis.ledger import Begin, Ledger
+
+log = logging.getLogger("clawq.outcomes")
+
+REPLAY_EVERY_S = 2.0
+
+
+def call_key(job_id: str, turn: int, call_id: str) -> str:
+    """How heartbeats name a call they hold (the ledger key without its prefix)."""
+    return f"{job_id}:{turn}:{call_id}"
+
+
+class Outcomes:
+    """Claims and outcomes of one process, retried through an outage, spooled past it."""
+
+    def __init__(self, ledger: Ledger, client: redis.Redis, spool_dir: str, retry_s: float) -> None:
+        self.ledger, self.client = ledger, client
+        self.spool = Path(spool_dir)
+        self.retry_s = retry_s
+        self.stopped = threading.Event()
+
+    def begin(
+        self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
+    ) -> Begin:
+        """The ledger's verdict, waiting for Redis if it is away (the same claim sent again
+        gets the same answer)."""
+        for attempt in outage.retrying("claiming a call", self.retry_s, outage.redis_down):
+            with attempt:
+                return self.ledger.begin(job_id, turn, call_id, proc_id, max_deliveries, now)
+        raise AssertionError("unreachable")
+
+    def push(self, reply_to: str, outcome_json: str) -> None:
+        """A repeat's answer, read from the ledger, pushed to its orchestrator again."""
+        for attempt in outage.retrying("answering a repeat", self.retry_s, outage.redis_down):
+            with attempt:
+                self.client.lpush(reply_to, outcome_json)
+
+    def record(
+        self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str
+    ) -> None:
+        """Record and push the outcome; spooled when Redis stays away past the cap."""
+        try:
+            for attempt in outage.retrying("recording an outcome", self.retry_s, outage.redis_down):
+                with attempt:
+                    self.ledger.finish(job_id, turn, call_id, reply_to, outcome_json)
+        except redis.RedisError as exc:
+            log.error("outcome of call %s not recorded (%s): spooled", call_id, exc)
+            self.write(job_id, turn, call_id, reply_to, outcome_json)
+
+    # -- the spool -----------------------------------------------------------------------
+
+    def _file(self, job_id: str, turn: int, call_id: str) -> Path:
+        name = hashlib.sha256(call_key(job_id, turn, call_id).encode()).hexdigest()[:32]
+        return self.spool / f"{name}.json"
+
+    def write(self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str) -> None:
+        entry = {
+            "job_id": job_id,
+            "turn": turn,
+            "call_id": call_id,
+            "reply_to": reply_to,
+            "outcome": outcome_json,
+        }
+        try:
+            self.spool.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.spool, prefix=".", suffix=".tmp")
+            with os.fdopen(fd, "w") as fh:
+                json.dump(entry, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self._file(job_id, turn, call_id))
+        except OSError as exc:  # nowhere to keep it: say so loudly, with what was lost
+            log.critical("outcome of call %s lost: the spool is unusable (%s)", call_id, exc)
+
+    def spooled(self) -> list[str]:
+        """The calls whose outcome waits in the spool (heartbeats list them as held)."""
+        found = []
+        for path in self._entries():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                entry = json.loads(path.read_text())
+                found.append(call_key(entry["job_id"], entry["turn"], entry["call_id"]))
+        return found
+
+    def _entries(self) -> list[Path]:
+        try:
+            return sorted(self.spool.glob("*.json"))
+        except OSError:
+            return []
+
+    def replay(self) -> int:
+        """Record what the spool holds (any process of this host may); how many."""
+        done = 0
+        for path in self._entries():
+            try:
+                entry = json.loads(path.read_text())
+            except FileNotFoundError:  # a sibling process replayed it
+                continue
+            except (OSError, ValueError) as exc:
+                log.error("unreadable spool entry %s left in place: %s", path.name, exc)
+                continue
+            try:
+                self.ledger.finish(
+                    entry["job_id"],
+                    entry["turn"],
+                    entry["call_id"],
+                    entry["reply_to"],
+                    entry["outcome"],
+                )
+            except redis.RedisError:
+                return done  # still away: the next round
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            log.warning("spooled outcome of call %s recorded", entry["call_id"])
+            done += 1
+        return done
+
+    def start_replaying(self) -> None:
+        """Replay now, then every few seconds while anything is spooled."""
+        self.replay()
+        threading.Thread(target=self._replaying, name="clawq-spool", daemon=True).start()
+
+    def _replaying(self) -> None:
+        while not self.stopped.wait(REPLAY_EVERY_S):
+            try:
+                if self._entries():
+                    self.replay()
+            except Exception:
+                log.exception("replaying the spool failed; trying again shortly")
