@@ -40,7 +40,8 @@ from orchestrator.calls.approvals import ApprovalAnswer, Approvals
 from orchestrator.calls.dispatch import Dispatcher
 from orchestrator.calls.hooks import Hooks
 from orchestrator.calls.policy import PolicyEngine
-from orchestrator.job.run import JobRun, Services
+from orchestrator.job.run import JobRun
+from orchestrator.job.state import Services
 from orchestrator.job.tools import CustomCatalog
 from orchestrator.live import LiveSettings
 from orchestrator.services.announce import AnnounceDelivery

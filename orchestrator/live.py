@@ -19,7 +19,7 @@ from broker.config.settings import Settings
 from broker.redis.ratelimit import RateLimiter
 
 if TYPE_CHECKING:
-    from orchestrator.job.run import Services
+    from orchestrator.job.state import Services
 
 log = logging.getLogger(__name__)
 

@@ -17,16 +17,16 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from broker.protocol import CallOutcome
-from orchestrator.calls.dispatch import cancelled_outcome
 from orchestrator.calls.gate import Ready, Refused
+from orchestrator.calls.pending import cancelled_outcome
 from orchestrator.conversation import ToolCall
 
 if TYPE_CHECKING:
-    from orchestrator.job.run import JobRun
+    from orchestrator.job.calls import JobCalls
 
 
 class TurnCalls:
-    def __init__(self, run: JobRun, turn: int) -> None:
+    def __init__(self, run: JobCalls, turn: int) -> None:
         self.run = run
         self.turn = turn
         self.calls: list[ToolCall] = []

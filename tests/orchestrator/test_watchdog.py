@@ -15,7 +15,8 @@ from broker import keys
 from broker.celery.app import create_app
 from broker.protocol import CallContext, CallEnvelope
 from broker.redis.connections import async_redis
-from orchestrator.calls.dispatch import Dispatcher, Pending
+from orchestrator.calls.dispatch import Dispatcher
+from orchestrator.calls.pending import Pending
 from tests.conftest import Isolated
 
 INTERVAL = 0.2
