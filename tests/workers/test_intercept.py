@@ -162,6 +162,7 @@ def test_a_database_error_refuses_the_write_and_never_falls_back_to_disk(
     isolated: Isolated, workspace: Path, job: Any
 ) -> None:
     broken = Store(isolated.database_url)
+    broken.url = "postgresql://postgres@127.0.0.1:1/gone"  # reconnecting finds nothing
     broken.conn.close()  # the database went away under the worker
     alice = Job(isolated, broken, workspace, "j", "main", "alice")
     for path in ("SOUL.md", "memory/notes.md", "MEMORY.md"):
