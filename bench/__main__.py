@@ -39,11 +39,11 @@ from rich.table import Table
 
 from bench import api, confinement, hotpath, memory, messaging, ui, web
 from broker import keys
-from broker.messages import CallContext, CallEnvelope
-from broker.presence import live_processes
-from broker.settings import Settings
-from broker.store import Store
-from orchestrator.dispatch import Dispatcher, running_dispatcher
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.protocol import CallContext, CallEnvelope
+from broker.redis.presence import live_processes
+from orchestrator.calls.dispatch import Dispatcher, running_dispatcher
 
 console = Console()
 ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
@@ -282,7 +282,7 @@ class Bench:
         parents x 5 children admitted by 4 threads under the seed's limits."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from broker.admission import Limits, SubagentSlots
+        from broker.redis.admission import Limits, SubagentSlots
 
         slots = SubagentSlots(self.redis, Limits(max_concurrent=8, max_children=5))
         pings, admits = [], []
@@ -414,9 +414,9 @@ class Bench:
         queued-to-finished per call, one call per turn)."""
         from mcp import Client, StdioServerParameters
 
-        from broker.mcp_config import parse_servers
+        from broker.config.mcp import parse_servers
         from orchestrator.client import Client as ClawqClient
-        from workers.mcp_client import McpManager
+        from workers.tools.mcp.client import McpManager
 
         server = os.path.join(os.path.dirname(PY), "mcp-server-time")
         args = {"timezone": "UTC"}

@@ -18,7 +18,7 @@ from httpx_sse import connect_sse
 from rich.console import Console
 from rich.table import Table
 
-from broker.api_keys import ApiKeyStore
+from broker.stores.api_keys import ApiKeyStore
 from orchestrator.client import Client
 
 JOBS = int(os.environ.get("BENCH_API_JOBS", "50"))

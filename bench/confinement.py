@@ -11,9 +11,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from broker.messages import CallContext
-from broker.settings import Settings
-from workers import confine
+from broker.config.settings import Settings
+from broker.protocol import CallContext
+from workers.confine import host as confine
 from workers.execute import run_tool
 from workers.registry import default_registry
 from workers.tool import ToolContext

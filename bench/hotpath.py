@@ -49,11 +49,11 @@ from rich.console import Console
 from rich.table import Table
 
 from broker import keys
-from broker.celery_app import create_app
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
-from broker.presence import live_processes
-from broker.publisher import task_message
-from broker.store import INSERT_JOB, INSERT_SESSION
+from broker.celery.app import create_app
+from broker.celery.publisher import task_message
+from broker.pg.store import INSERT_JOB, INSERT_SESSION
+from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
+from broker.redis.presence import live_processes
 
 TURNS = int(os.environ.get("BENCH_TURNS", "300")) // 3  # per block of (i)
 ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000")) // 3  # per block of (i)

@@ -22,9 +22,9 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from broker.memory_store import MemoryStore
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.stores.memory import MemoryStore
 from workers.tools.memory import embed
 from workers.tools.memory.chunking import chunk_markdown
 from workers.tools.memory.index import index_document

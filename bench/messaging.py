@@ -23,10 +23,10 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from broker.messages import CallContext, CallEnvelope
-from broker.settings import Settings
-from broker.store import Store
-from orchestrator.dispatch import running_dispatcher
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.protocol import CallContext, CallEnvelope
+from orchestrator.calls.dispatch import running_dispatcher
 
 SEQUENTIAL = int(os.environ.get("BENCH_MESSAGES", "500"))
 CONCURRENT = int(os.environ.get("BENCH_MESSAGES_CONCURRENT", "400"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from broker.messages import Group
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import Group
 from workers.main import run_worker
 from workers.registry import default_registry
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from broker import keys
-from broker.messages import CallContext, CallEnvelope
-from orchestrator.dispatch import running_dispatcher
+from broker.protocol import CallContext, CallEnvelope
+from orchestrator.calls.dispatch import running_dispatcher
 
 CLICKS = int(os.environ.get("BENCH_UI_CLICKS", "50"))
 SESSIONS = int(os.environ.get("BENCH_UI_SESSIONS", "5"))

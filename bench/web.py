@@ -17,8 +17,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from broker.messages import CallContext, CallEnvelope
-from orchestrator.dispatch import running_dispatcher
+from broker.protocol import CallContext, CallEnvelope
+from orchestrator.calls.dispatch import running_dispatcher
 
 CALLS = int(os.environ.get("BENCH_WEB_CALLS", "200"))
 DELAY_S = 0.2

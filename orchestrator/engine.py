@@ -1,11 +1,11 @@
 """The orchestrator process: takes agent runs off the `agents` queue and drives them all
 on one asyncio event loop.
 
-The `agents` queue is consumed on the loop too (broker/agent_queue.py: a reliable list,
+The `agents` queue is consumed on the loop too (broker/redis/agent_queue.py: a reliable list,
 taken in batches), as is everything else: model streams, tool dispatch, outcomes,
 PostgreSQL.
 Each running job holds a lease in Redis, refreshed by this process's heartbeat thread
-(orchestrator/leases.py) while the loop is alive: a job whose orchestrator died loses its
+(orchestrator/services/leases.py) while the loop is alive: a job whose orchestrator died loses its
 lease within seconds and is resumed by another orchestrator from its transcript.
 """
 
@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import signal
 import time
-import uuid
 from typing import Any
 
 import httpx
@@ -26,34 +24,40 @@ import psycopg
 import redis.asyncio as aioredis
 from celery import Celery
 
-from broker import events, keys, metrics, outage, tracing
-from broker.admission import RECLAIM
-from broker.agent_queue import AgentQueue, AgentRun
-from broker.announce import AnnounceItem, AnnounceQueue, batch_message
-from broker.celery_app import create_app
-from broker.connections import async_redis, patient_redis, retry_pause
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, Group, JobSpec
-from broker.presence import process_id
-from broker.ratelimit import RateLimiter
-from broker.settings import Settings
-from broker.store import AsyncStore
-from orchestrator.approvals import ApprovalAnswer, Approvals
-from orchestrator.custom_catalog import CustomCatalog
-from orchestrator.dispatch import Dispatcher
-from orchestrator.hooks import Hooks
-from orchestrator.leases import LeaseKeeper
+from broker import keys
+from broker.celery.app import create_app
+from broker.config.settings import Settings
+from broker.obs import metrics, tracing
+from broker.pg.store import AsyncStore
+from broker.protocol import AGENTS_QUEUE, FINAL_STATUSES, Group, JobSpec
+from broker.redis.admission import RECLAIM
+from broker.redis.agent_queue import AgentQueue, AgentRun
+from broker.redis.announce import AnnounceQueue
+from broker.redis.connections import async_redis, patient_redis, retry_pause
+from broker.redis.presence import process_id
+from broker.redis.ratelimit import RateLimiter
+from orchestrator.calls.approvals import ApprovalAnswer, Approvals
+from orchestrator.calls.dispatch import Dispatcher
+from orchestrator.calls.hooks import Hooks
+from orchestrator.calls.policy import PolicyEngine
+from orchestrator.job.run import JobRun
+from orchestrator.job.state import Services
+from orchestrator.job.tools import CustomCatalog
 from orchestrator.live import LiveSettings
-from orchestrator.loop import JobRun, Services
-from orchestrator.policy import PolicyEngine
-from orchestrator.task_events import AgentTaskEvents
+from orchestrator.services.announce import AnnounceDelivery
+from orchestrator.services.artifacts import ArtifactPurge
+from orchestrator.services.control import ControlChannel
+from orchestrator.services.cron import CronService
+from orchestrator.services.leases import LeaseKeeper, Leases
+from orchestrator.services.recovery import Recovery
+from orchestrator.services.service import Service
+from orchestrator.services.subagents import SubagentArchive
+from orchestrator.services.task_events import AgentTaskEvents
 from workers.registry import Registry, default_registry
 
 log = logging.getLogger("clawq.orchestrator")
 
-RECOVERY_INTERVAL_S = 5.0
 ACCEPT_WINDOW = 1000  # agent runs being accepted at once (unacked on the agents queue)
-ARTIFACT_PURGE_INTERVAL_S = 600.0  # retention is days; ten minutes late is nothing
-ANNOUNCE_POLL_S = 0.2
 
 
 def serve(settings: Settings) -> None:
@@ -146,17 +150,22 @@ class Orchestrator:
             lambda: [*self.jobs, *self.claimed],  # C-level copies: atomic under the GIL
             lambda: list(self.children),
         )
-        await asyncio.to_thread(keeper.start)
-        background = [
+        self.duties: list[Service] = [
+            Leases(keeper, self.settings.heartbeat_interval_s),
+            ControlChannel(self.redis, self.on_control),
+            Recovery(
+                self.settings, self.store, self.redis, queue, self.id, self.running, self.accept
+            ),
+            AnnounceDelivery(self.settings, self.store, self.redis, self.app, self.announcements),
+            SubagentArchive(self.settings, self.store, self.redis),
+            ArtifactPurge(self.settings),
+            CronService(self.settings, self.app),
+        ]
+        for duty in self.duties:
+            await duty.start()
+        listening = [
             asyncio.create_task(self.dispatcher.listen(listen_redis)),
             asyncio.create_task(self.dispatcher.watchdog()),
-            asyncio.create_task(self.check_in(keeper)),
-            asyncio.create_task(self.control()),
-            asyncio.create_task(self.recover()),
-            asyncio.create_task(self.deliver_announcements()),
-            asyncio.create_task(self.archive_children()),
-            asyncio.create_task(self.purge_artifacts()),
-            asyncio.create_task(self.tick_cron()),
         ]
         consumer = asyncio.create_task(self.consume(queue))
         log.info("orchestrator %s ready", self.id)
@@ -169,13 +178,13 @@ class Orchestrator:
                 task.cancel()
             await asyncio.gather(*self.jobs.values(), return_exceptions=True)
             self.dispatcher.stop()
-            for task in background[1:]:
-                task.cancel()
+            listening[1].cancel()
             # bounded: redis-py can lose a cancellation that lands in a blocking read
-            await asyncio.wait(background, timeout=3)
+            await asyncio.wait(listening, timeout=3)
             with contextlib.suppress(aioredis.RedisError):
                 await queue.give_back()  # what it took and did not start: for the others
-            await asyncio.to_thread(keeper.stop)  # and its presence goes
+            for duty in reversed(self.duties):  # the leases last: its presence goes
+                await duty.stop()
             await http.aclose()
             await self.store.close()
             await self.redis.aclose()
@@ -183,6 +192,10 @@ class Orchestrator:
             await agents_redis.aclose()
             self.announcements.client.close()
             self.services.task_events.close()
+
+    def running(self) -> list[str]:
+        """The jobs this orchestrator drives or is starting."""
+        return [*self.jobs, *self.accepting, *self.claimed]
 
     # -- the agents queue ---------------------------------------------------------------
 
@@ -234,38 +247,6 @@ class Orchestrator:
                 task.add_done_callback(inflight.discard)
         if inflight:
             await asyncio.wait(inflight, timeout=5)
-
-    async def _orphans(self) -> list[str]:
-        """Unfinished jobs that nobody holds: no lease, and started by no live orchestrator
-        but this one (a live one's lease may lapse while its loop is slow to take a reply;
-        it sweeps its own jobs, and a dead one's presence is gone). Looked at again in
-        the database at the end: most of a long list finish while it is checked."""
-        candidates = [
-            (job, owner)
-            for job, owner in await self.store.orphan_candidates()
-            if job not in self.jobs
-        ]
-        if not candidates:
-            return []
-        others = sorted({owner for _, owner in candidates if owner and owner != self.id})
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for job, _ in candidates:
-                pipe.exists(keys.lease(job))
-            for owner in others:
-                pipe.exists(keys.proc(owner))
-            found = await pipe.execute()
-        leased = found[: len(candidates)]
-        alive = {
-            owner for owner, live in zip(others, found[len(candidates) :], strict=True) if live
-        }
-        unheld = [
-            job
-            for (job, owner), held in zip(candidates, leased, strict=True)
-            if not held and owner not in alive
-        ]
-        if not unheld:
-            return []
-        return [job for job, _ in await self.store.orphan_candidates(unheld)]
 
     async def accept(self, job_id: str, chain: list[Any] | None = None) -> bool:
         """Claim the job's lease and start (or resume) it; a job leased elsewhere is left.
@@ -378,26 +359,7 @@ class Orchestrator:
             if not run.finished:  # finish() gives the lease up with its last round trip
                 await self.redis.delete(keys.lease(run.job_id))
 
-    # -- background duties --------------------------------------------------------------
-
-    async def check_in(self, keeper: LeaseKeeper) -> None:
-        """Tell the lease keeper, every heartbeat interval, that this loop is alive."""
-        while True:
-            keeper.check_in()
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
-
-    async def control(self) -> None:
-        """Cancel requests, pushed on the control channel (a missed one is still seen: the
-        loop checks the job's cancel key before every turn)."""
-        while True:
-            try:
-                pubsub = self.redis.pubsub()
-                await pubsub.subscribe(keys.CONTROL_CHANNEL)
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self.on_control(json.loads(message["data"]))
-            except aioredis.RedisError as exc:
-                await retry_pause(exc, "control channel")
+    # -- commands from the control channel ---------------------------------------------
 
     def on_control(self, command: dict[str, Any]) -> None:
         if "approve" in command:
@@ -409,127 +371,3 @@ class Orchestrator:
         if (job_id := command.get("steer")) in self.jobs and job_id not in self.cancelling:
             self.steering.add(job_id)
             self.jobs[job_id].cancel()
-
-    async def deliver_announcements(self) -> None:
-        """Hand every due batch of announcements to its session: into the running job's
-        inbox, or as a new job of the session when none runs."""
-        while True:
-            try:
-                batches = await asyncio.to_thread(self.announcements.claim_due)
-                for session, items in batches.items():
-                    await self.deliver(session, items)
-            except Exception as exc:  # the batch is due again shortly
-                outage.report(log, "announce delivery", exc)
-            await asyncio.sleep(ANNOUNCE_POLL_S)
-
-    async def deliver(self, session: str, items: list[AnnounceItem]) -> None:
-        text = batch_message(items)
-        queue = self.announcements
-        job_id = await asyncio.to_thread(queue.deliver, session, len(items), text)
-        if job_id is None:
-            latest = await self.store.latest_job(session)
-            if latest is None or latest["status"] == "cancelled":
-                log.info("announcements for %s dropped: its session is gone or cancelled", session)
-                await asyncio.to_thread(queue.ack, session, len(items))
-                return
-            if latest["status"] in ("queued", "running"):  # about to start, or ending now:
-                job_id = latest["id"]  # its next turn reads the inbox, or it hands it back
-                args = (job_id, session, len(items), text)
-                if await asyncio.to_thread(queue.deliver_to_job, *args):
-                    return await self._announced(job_id, items)
-                await asyncio.to_thread(queue.retry_soon, session)  # it has just ended
-                return
-            spec = JobSpec.model_validate(latest["spec"])
-            script = (spec.script or {}).get("on_announce") if spec.model == "scripted" else None
-            spec = spec.model_copy(update={"prompt": text, "script": script})
-            # the same batch always makes the same job: a retried delivery adds nothing
-            job_id = uuid.uuid5(uuid.NAMESPACE_URL, session + items[0].model_dump_json()).hex
-            await self.store.create_job(job_id, session, spec)
-            await asyncio.to_thread(
-                self.app.send_task,
-                AGENT_RUN_TASK,
-                kwargs={"job_id": job_id},
-                queue=AGENTS_QUEUE,
-                task_id=job_id,
-                parent_id=latest["id"],
-            )
-            await asyncio.to_thread(queue.ack, session, len(items))
-        await self._announced(job_id, items)
-
-    async def _announced(self, job_id: str, items: list[AnnounceItem]) -> None:
-        children = [i.child for i in items if i.kind == "subagent"]
-        data = {"to_job": job_id, "count": len(items), "children": children}
-        ttl = self.settings.events_ttl_s
-        for target in {job_id, *(i.parent_job for i in items if i.parent_job)}:
-            await events.emit(
-                self.redis, Event(type="announce_delivered", job_id=target, data=data), ttl
-            )
-
-    async def archive_children(self) -> None:
-        """Finished subagents stop counting against their parent after the archive delay."""
-        interval = min(60.0, self.settings.subagent_archive_after_s / 4)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                archived = await self.store.archive_finished_children(
-                    self.settings.subagent_archive_after_s
-                )
-                for child, parent_session in archived:
-                    await self.redis.srem(keys.subagent_children(parent_session), child)
-            except Exception as exc:
-                outage.report(log, "archiving subagents", exc)
-
-    async def tick_cron(self) -> None:
-        """The scheduler's ticker (orchestrator/cron_ticker.py): every orchestrator ticks,
-        PostgreSQL makes each scheduled time start once."""
-        from orchestrator.cron_ticker import Ticker
-
-        ticker = Ticker(self.settings, self.app)
-        try:
-            while True:
-                await asyncio.sleep(self.settings.cron_tick_s)
-                try:
-                    await asyncio.to_thread(ticker.tick)
-                except Exception as exc:
-                    outage.report(log, "cron tick", exc)
-        finally:
-            ticker.close()
-
-    async def purge_artifacts(self) -> None:
-        """Artifacts past their retention go, and the bytes no artifact uses any more."""
-        from broker.artifacts import ArtifactStore
-        from broker.store import Store
-
-        def purge() -> int:
-            store = Store(self.settings.database_url)
-            try:
-                return ArtifactStore(store.conn, self.settings).purge()
-            finally:
-                store.close()
-
-        while True:
-            await asyncio.sleep(ARTIFACT_PURGE_INTERVAL_S)
-            try:
-                if gone := await asyncio.to_thread(purge):
-                    log.info("purged %d expired artifacts", gone)
-            except Exception:
-                log.exception("purging artifacts failed")
-
-    async def recover(self) -> None:
-        """Resume running jobs whose orchestrator stopped holding their lease, and queue
-        again the agent runs a dead orchestrator had taken but not accepted; not while
-        Redis has just come back (a missing presence then says nothing)."""
-        while True:
-            await asyncio.sleep(RECOVERY_INTERVAL_S)
-            try:
-                s = self.settings
-                if not await outage.heartbeats_trusted(
-                    self.redis, s.heartbeat_interval_s, s.heartbeat_ttl_s
-                ):  # Redis has just come back: every presence lapsed, and is beating again
-                    continue
-                await self.agent_queue.restore_dead()
-                for job_id in await self._orphans():
-                    if await self.accept(job_id):
-                        log.warning("resumed job %s: no live orchestrator held it", job_id)
-            except Exception as exc:
-                outage.report(log, "recovery sweep", exc)

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 
 from broker import keys
-from broker.live_config import TOPIC, effective, reject
-from broker.ratelimit import RateLimiter
-from broker.settings import Settings
+from broker.config.live import TOPIC, effective, reject
+from broker.config.settings import Settings
+from broker.redis.ratelimit import RateLimiter
 
 if TYPE_CHECKING:
-    from orchestrator.loop import Services
+    from orchestrator.job.state import Services
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class LiveSettings:
         return (int(row["version"]), row["config"]) if row else (0, {})
 
     def _install(self, s: Services, settings: Settings) -> None:
-        from orchestrator.hooks import Hooks
-        from orchestrator.policy import PolicyEngine
+        from orchestrator.calls.hooks import Hooks
+        from orchestrator.calls.policy import PolicyEngine
 
         policy = PolicyEngine(s.registry, settings.tool_policy)
         hooks = Hooks(settings.hooks, settings=settings)

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 import redis
 
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
 
 REDIS_BASE = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
 PG_BASE = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -8,8 +8,8 @@ import time
 
 from pydantic import Field
 
-from broker.messages import Group
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import Group
 from workers.main import run_worker
 from workers.registry import Registry, default_registry
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult

@@ -20,9 +20,9 @@ import click
 import pytest
 import yaml
 
-from broker.messages import Group
-from broker.settings import Settings
-from orchestrator import cli
+from broker.config.settings import Settings
+from broker.protocol import Group
+from orchestrator.cli import main as cli
 from workers.registry import default_registry
 
 ROOT = Path(__file__).resolve().parents[1]

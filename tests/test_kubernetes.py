@@ -33,9 +33,9 @@ import pytest
 import redis
 import yaml
 
-from broker.messages import Group
-from broker.settings import Settings
-from orchestrator import cli
+from broker.config.settings import Settings
+from broker.protocol import Group
+from orchestrator.cli import main as cli
 from tests.conftest import Isolated
 from workers.registry import default_registry
 from workers.tool import Tool
@@ -387,12 +387,12 @@ def test_scaled_objects_use_the_redis_scalers_fields_and_the_right_redis(
 
 def test_the_queue_keda_watches_is_the_list_clawq_writes(isolated: Isolated) -> None:
     """Both ways clawq publishes a tool call (the orchestrator's asyncio publisher and
-    Celery through broker/transport.py) push onto a Redis list named after the queue,
+    Celery through broker/celery/transport.py) push onto a Redis list named after the queue,
     which is what KEDA's redis scaler measures (LLEN listName)."""
     import redis.asyncio as aioredis
 
-    from broker.celery_app import create_app
-    from broker.publisher import AsyncPublisher
+    from broker.celery.app import create_app
+    from broker.celery.publisher import AsyncPublisher
 
     app = create_app(isolated.settings)
 
@@ -471,7 +471,7 @@ PROBE_OF = {"readinessProbe": "ready", "livenessProbe": "live", "startupProbe": 
 def test_probes_run_clawq_health_as_the_cli_accepts_it(
     rendered: dict[str, list[Obj]], overlay: str
 ) -> None:
-    from orchestrator import cli_ops
+    from orchestrator.cli import ops as cli_ops
 
     for name, obj in clawq_workloads(rendered[overlay]).items():
         if obj["kind"] == "Job":
@@ -696,7 +696,7 @@ WORST_INPUTS: dict[str, Any] = {
 
 def longest_hard_limit(group: str, settings: Settings) -> float:
     """The longest hard time limit of a task this group's workers run, at these settings:
-    a tool call's is its timeout + 2 * tool_grace_s (orchestrator/dispatch.py)."""
+    a tool call's is its timeout + 2 * tool_grace_s (orchestrator/calls/dispatch.py)."""
     grace = settings.tool_grace_s
     limits = []
     for tool in default_registry():

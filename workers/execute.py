@@ -18,21 +18,22 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import keys, outage, tracing
-from broker.celery_app import create_app
-from broker.ledger import Begin, Ledger
-from broker.messages import CallEnvelope, CallOutcome
-from broker.metrics import metrics
-from broker.presence import Heartbeat, process_id
-from broker.settings import Settings
-from broker.store import Store
-from workers import confine, live
+from broker import keys, outage
+from broker.celery.app import create_app
+from broker.config.settings import Settings
+from broker.obs import tracing
+from broker.obs.metrics import metrics
+from broker.pg.store import Store
+from broker.protocol import CallEnvelope, CallOutcome
+from broker.redis.ledger import Begin, Ledger
+from broker.redis.presence import Heartbeat, process_id
+from workers.confine import host as confine
+from workers.confine.sandbox import Sandbox
 from workers.outcomes import Outcomes, call_key
 from workers.registry import Registry
-from workers.sandbox import Sandbox, SandboxError
 from workers.scrub import Scrubber, scrub_logs, secrets_of
 from workers.tool import SideEffect, ToolContext, ToolError, ToolResult
-from workers.tools.process import end_session, state_root
+from workers.upkeep import Upkeep
 
 log = logging.getLogger("clawq.worker")
 
@@ -43,7 +44,7 @@ RAN_AGAIN = (
 
 
 @dataclass
-class WorkerRuntime:
+class WorkerRuntime(Upkeep):
     """What one executing process holds: its identity, Redis, ledger, heartbeat."""
 
     settings: Settings
@@ -98,8 +99,8 @@ class WorkerRuntime:
         runtime.base_settings = settings
         scrub_logs(lambda: runtime.scrub)  # what this process logs is scrubbed as results are
         outcomes.start_replaying()
-        from broker import live_config
-        from broker.changes import Listener
+        from broker.config import live as live_config
+        from broker.redis.changes import Listener
 
         # live configuration (web domain lists, channels, …) reaches this process within
         # moments, and each call checks its counter first (`follow_config`)
@@ -115,90 +116,6 @@ class WorkerRuntime:
                 target=runtime.reap_sandboxes, name="clawq-reaper", daemon=True
             ).start()
         return runtime
-
-    def follow_config(self) -> None:
-        """Reload when the live configuration moved since it was loaded: one Redis read,
-        so a change applied before a call is in force for it (the notice may be late). A
-        load that failed is tried again at most once a second."""
-        from broker import changes, live_config
-
-        try:
-            now = changes.version(self.redis, live_config.TOPIC)
-        except redis.RedisError:
-            return
-        if now != self.config_version and time.monotonic() >= self._retry_at:
-            self.reload_settings()
-
-    def reload_settings(self, topic: str = "") -> None:
-        """The environment's settings with the applied live configuration over them, and a
-        scrubber that knows every secret they name; the next call uses them. A failure
-        keeps what is in force."""
-        with self._reloading:
-            self._reload()
-
-    def _reload(self) -> None:
-        from broker import changes
-        from broker.live_config import TOPIC, ConfigError, LiveConfigStore, effective, reject
-
-        base = self.base_settings or self.settings
-        try:
-            version = changes.version(self.redis, TOPIC)  # read first: a later move reloads
-            if version == 0:  # nothing was ever applied: the environment rules
-                self.config_version = 0
-                return
-            store = Store(base.database_url)
-            try:
-                current = LiveConfigStore(store.conn).current()
-            finally:
-                store.close()
-        except Exception as exc:  # the schema not there yet, the database away: keep going
-            log.warning("live configuration not loaded: %s", exc)
-            self._retry_at = time.monotonic() + 1.0
-            return
-        self.config_version = version
-        try:
-            settings = effective(base, current.config if current else {})
-        except ConfigError as exc:  # this process cannot run it: the last good one rules
-            number = current.version if current else 0
-            log.error("live configuration %s fails here (%s); rolling back", number, exc)
-            reject(base, number, f"{self.proc_id}: {exc}")
-            return
-        # the scrubber first: a secret the new settings name is never out unscrubbed
-        self.scrub = Scrubber(secrets_of(settings))
-        self.settings = settings
-        live.changed(settings)
-
-    def end_sessions(self) -> None:
-        """Kill the background processes of sessions whose job has ended."""
-        root = state_root(self.settings)
-        while not self.heartbeat.stopped.wait(2.0):
-            try:
-                sessions = [p.name for p in root.iterdir()] if root.exists() else []
-                for session in sessions:
-                    if self.redis.exists(keys.session_ended(session)):
-                        killed = end_session(self.settings, session, self.sandbox)
-                        log.info("session %s ended: %d processes killed", session, killed)
-            except (OSError, redis.RedisError) as exc:
-                log.warning("ending sessions: %s", exc)
-
-    def sandbox_used(self, container: str) -> None:
-        self.redis.set(
-            keys.sandbox_used(container), self.proc_id, ex=int(self.settings.sandbox_idle_s)
-        )
-
-    def reap_sandboxes(self) -> None:
-        """Remove sandbox containers idle for longer than the setting (any worker may)."""
-        interval = min(60.0, self.settings.sandbox_idle_s / 4)
-        while not self.heartbeat.stopped.wait(interval):
-            try:
-                assert self.sandbox is not None
-                removed = self.sandbox.reap(
-                    lambda name: bool(self.redis.exists(keys.sandbox_used(name)))
-                )
-                for name in removed:
-                    log.info("removed idle sandbox %s", name)
-            except (SandboxError, redis.RedisError) as exc:
-                log.warning("sandbox reaper: %s", exc)
 
     def hold(self, job_id: str, turn: int, call_id: str) -> str:
         """This process has the call (taken from its queue): its heartbeat says so."""
@@ -332,7 +249,7 @@ class WorkerRuntime:
     def dead_letter(self, envelope: CallEnvelope, attempts: int) -> None:
         """The call used up its deliveries: keep it, with its envelope, for `clawq dlq`.
         The model still gets its error result; a failure here must not lose that."""
-        from broker.dead_letters import DeadLetters
+        from broker.stores.dead_letters import DeadLetters
 
         try:
             DeadLetters(self.store().conn).exhausted(
@@ -347,7 +264,7 @@ class WorkerRuntime:
 
     def undecodable(self, body: Any, task: str, reason: str) -> None:
         """A message that is not an envelope: kept as it came, never retried."""
-        from broker.dead_letters import DeadLetters
+        from broker.stores.dead_letters import DeadLetters
 
         try:
             DeadLetters(self.store().conn).undecodable(body, self.queue, task, reason)

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 
 log = logging.getLogger(__name__)
 _listeners: list[Callable[[Settings], None]] = []

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import os
 
-from broker.celery_app import UNLEDGERED_QUEUES, create_app
-from broker.messages import Group
-from broker.settings import Settings
-from workers import confine
+from broker.celery.app import UNLEDGERED_QUEUES, create_app
+from broker.config.settings import Settings
+from broker.protocol import Group
+from workers.confine import host as confine
 from workers.consumer import CONSUMER
 from workers.pool import SINGLE_CALL_POOL
 from workers.processes import Processes
 from workers.registry import Registry
 from workers.tasks import register_tool_tasks
-from workers.tools.process import host_queue
+from workers.tools.runtime.process import host_queue
 
 
 def run_worker(
@@ -26,18 +26,18 @@ def run_worker(
 ) -> None:
     """Consume `group`'s queue until stopped. No gossip or mingle: workers need not know
     each other, and both cost start-up time and broker traffic on every node."""
-    from broker import metrics
+    from broker.obs import metrics
 
     metrics.prepare_worker(settings.metrics_dir)  # before prometheus_client is imported
     app = create_app(settings, ack_emulation=group in UNLEDGERED_QUEUES)
     app.conf.worker_consumer = CONSUMER  # back on the broker within a second of its return
     app.conf.broker_connection_max_retries = None
     if group == Group.mcp.value:  # MCP tools come from the catalog, by exposed name
-        from workers.tools.mcp import McpRegistry
+        from workers.tools.mcp.tool import McpRegistry
 
         registry = McpRegistry(registry, settings)
     if group == Group.runtime.value:  # custom tools come from PostgreSQL, by agent and name
-        from workers.tools.custom import CustomRegistry
+        from workers.tools.custom_tools.tool import CustomRegistry
 
         registry = CustomRegistry(registry, settings)
     register_tool_tasks(app, registry, settings, queue=group)

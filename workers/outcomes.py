@@ -26,7 +26,7 @@ from pathlib import Path
 import redis
 
 from broker import outage
-from broker.ledger import Begin, Ledger
+from broker.redis.ledger import Begin, Ledger
 
 log = logging.getLogger("clawq.outcomes")
 

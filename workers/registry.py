@@ -8,13 +8,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from broker.messages import Group
+from broker.errors import ConfigurationError
+from broker.protocol import Group
 from workers.tool import Tool, ToolInput, ToolResult
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-class DeclarationError(Exception):
+class DeclarationError(ConfigurationError):
     """A tool declaration is wrong; every problem found is listed at once."""
 
 
@@ -155,33 +156,17 @@ class Registry:
 
 def default_registry() -> Registry:
     """Every native tool; declarations are cheap to import (implementations import lazily)."""
-    from workers.tools import (
-        automation,
-        fs,
-        media,
-        memory,
-        messaging,
-        nodes,
-        process,
-        runtime,
-        sessions,
-        subagents,
-        ui,
-        web,
-    )
+    from workers.tools import automation, fs, media, memory, messaging, runtime, sessions, ui, web
 
     return Registry(
         [
             *fs.TOOLS,
             *runtime.TOOLS,
-            *process.TOOLS,
             *sessions.TOOLS,
-            *subagents.TOOLS,
             *web.TOOLS,
             *memory.TOOLS,
             *ui.TOOLS,
             *automation.TOOLS,
-            *nodes.TOOLS,
             *messaging.TOOLS,
             *media.TOOLS,
         ]

@@ -21,7 +21,7 @@ from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 
 REDACTED = "[REDACTED]"
 TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.+/~")

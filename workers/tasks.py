@@ -11,8 +11,8 @@ from typing import Any
 from celery import Celery, signals
 from pydantic import ValidationError
 
-from broker.messages import CallEnvelope, Group
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallEnvelope, Group
 from workers.execute import WorkerRuntime, runtime_for_process, stop_runtime
 from workers.registry import Registry
 
@@ -61,11 +61,11 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
     for tool in registry:
         declare(task_name(tool.name), tool.group.value, tool.timeout_s)
     if queue == Group.mcp.value:  # every MCP tool shares one task
-        from workers.tools.mcp import MCP_TASK
+        from workers.tools.mcp.tool import MCP_TASK
 
         declare(MCP_TASK, Group.mcp.value, settings.mcp_call_timeout_s)
     if queue == Group.runtime.value:  # and every custom tool
-        from workers.tools.custom import CUSTOM_TASK
+        from workers.tools.custom_tools.tool import CUSTOM_TASK
 
         declare(CUSTOM_TASK, Group.runtime.value, settings.custom_tool_max_timeout_s)
 
@@ -98,7 +98,7 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
                 settings, lambda doc: celery.send_task(INDEX_TASK, args=[doc], queue=queue)
             ).start()
         if queue == Group.mcp.value:  # MCP sessions open at start: they list the catalog
-            from workers.mcp_client import manager_for_process
+            from workers.tools.mcp.client import manager_for_process
 
             manager_for_process(settings)
 

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from broker.messages import CallContext, Group
-from broker.settings import Settings
-from workers.sandbox import Sandbox
+from broker.config.settings import Settings
+from broker.errors import RunError
+from broker.protocol import CallContext, Group
+from workers.confine.sandbox import Sandbox
 
 if TYPE_CHECKING:
     import redis
     from celery import Celery
 
-    from broker.store import Store
+    from broker.pg.store import Store
 
 Permission = Literal["allow", "ask", "deny"]
 # a tool's own verdict; "confined": allowed only where commands run confined, else asked
@@ -55,7 +56,7 @@ class ToolResult(BaseModel):
         return cls(for_llm=message, for_user=message, is_error=True, metadata=metadata)
 
 
-class ToolError(Exception):
+class ToolError(RunError):
     """Raised inside a tool for a failure the model can act on; becomes an error result."""
 
 
@@ -78,8 +79,8 @@ class ToolContext:
 
     def keep_artifact(self, data: bytes, mime: str, name: str = "", **facts: Any) -> Any:
         """Store `data` as an artifact of this call's user, session and job (`facts`:
-        width, height, duration_s); returns the `broker.artifacts.Artifact`."""
-        from broker.artifacts import ArtifactError, ArtifactStore
+        width, height, duration_s); returns the `broker.stores.artifacts.Artifact`."""
+        from broker.stores.artifacts import ArtifactError, ArtifactStore
 
         if self.store is None:
             raise ToolError("no database here to keep the artifact")

@@ -17,17 +17,32 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker import outage
-from broker.connections import reconnecting_redis
-from broker.ratelimit import RateLimiter
-from broker.settings import Settings
-from broker.store import Store, async_pool
-from orchestrator.api import admin, artifacts, canvas, jobs
-from orchestrator.api.deps import ApiError, Services
+from broker.config.settings import Settings
+from broker.errors import RequestError, Unavailable
+from broker.pg.store import Store, async_pool
+from broker.redis.connections import reconnecting_redis
+from broker.redis.ratelimit import RateLimiter
+from orchestrator.api import artifacts, canvas, custom_tools, jobs, mcp
+from orchestrator.api.deps import Services
 from orchestrator.api.streams import EventHub
 
 HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
 CONNECTION_WAIT_S = 5.0  # a request waits this long for a PostgreSQL connection, then 503
 RETRY_AFTER_S = 5
+
+
+def answer(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+    """Every error's one shape: `{"error": {"code", "message", "field"}}`."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if field:
+        error["field"] = field
+    return JSONResponse({"error": error}, status_code=status)
+
+
+def retry_later(message: str) -> JSONResponse:
+    """A service is away: 503, retryable, with when to try again."""
+    body = {"error": {"code": "unavailable", "message": message}, "retryable": True}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -61,49 +76,42 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.include_router(jobs.router)
-    app.include_router(admin.router)
+    app.include_router(mcp.router)
+    app.include_router(custom_tools.router)
     app.include_router(artifacts.router)
     app.include_router(canvas.router)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, exc: RequestError) -> JSONResponse:
+        return answer(exc.status, exc.code, exc.message, exc.field)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors: list[Any] = list(exc.errors())
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        if first["loc"][:1] == ("path",):  # a malformed id names no object: not found
-            missing = ApiError(404, "not_found", f"no {first['loc'][-1]} like that")
-            return JSONResponse(missing.body(), status_code=404)
-        field = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
-        message = f"{field}: {first['msg']}" if field else str(first["msg"])
-        return JSONResponse(
-            ApiError(422, "invalid_input", message, field or None).body(), status_code=422
-        )
+    @app.exception_handler(Unavailable)
+    async def unavailable(request: Request, exc: Unavailable) -> JSONResponse:
+        return retry_later(f"{exc}; retry in a few seconds")
 
     @app.exception_handler(redis.RedisError)
     @app.exception_handler(psycopg.OperationalError)
     async def service_away(request: Request, exc: Exception) -> JSONResponse:
         """Redis or PostgreSQL away: a clear, retryable answer at once, never a hang."""
         if not outage.down(exc):
-            return JSONResponse(
-                ApiError(500, "internal", f"{type(exc).__name__}").body(), status_code=500
-            )
+            return answer(500, "internal", type(exc).__name__)
         which = "redis" if outage.redis_down(exc) else "postgresql"
-        message = f"{which} is unreachable right now; retry in a few seconds"
-        return JSONResponse(
-            ApiError(503, "unavailable", message).body() | {"retryable": True},
-            status_code=503,
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+        return retry_later(f"{which} is unreachable right now; retry in a few seconds")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors: list[Any] = list(exc.errors())
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        if first["loc"][:1] == ("path",):  # a malformed id names no object: not found
+            return answer(404, "not_found", f"no {first['loc'][-1]} like that")
+        field = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
+        message = f"{field}: {first['msg']}" if field else str(first["msg"])
+        return answer(422, "invalid_input", message, field or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-        return JSONResponse(
-            ApiError(exc.status_code, code, str(exc.detail)).body(), status_code=exc.status_code
-        )
+        return answer(exc.status_code, code, str(exc.detail))
 
     @app.get("/metrics", tags=["operations"], include_in_schema=False)
     async def prometheus() -> Response:

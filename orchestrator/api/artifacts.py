@@ -6,8 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from broker.artifacts import ArtifactError, ArtifactStore
-from orchestrator.api.deps import ApiError, Caller, Id, Svc, not_found
+from broker.errors import NotFound
+from broker.stores.artifacts import ArtifactStore
+from orchestrator.api.deps import Caller, Id, Svc
 
 router = APIRouter(prefix="/v1", tags=["artifacts"])
 
@@ -17,11 +18,8 @@ def artifact(artifact_id: Id, caller: Caller, svc: Svc) -> Response:
     store = ArtifactStore(svc.client().store.conn, svc.settings)
     found = store.get(artifact_id)
     if found is None or not caller.may_see(found.user_id):
-        raise not_found(f"artifact {artifact_id}")
-    try:
-        data = store.read(found)
-    except ArtifactError as exc:
-        raise ApiError(410, "gone", str(exc)) from None
+        raise NotFound(f"no artifact {artifact_id}")
+    data = store.read(found)
     headers = {
         "ETag": f'"{found.hash}"',
         "Cache-Control": "private, max-age=3600",

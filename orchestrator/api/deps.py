@@ -1,5 +1,6 @@
-"""What every route of the HTTP API shares: the caller (from an API key), the errors, and
-the direct client each worker thread uses.
+"""What every route of the HTTP API shares: the caller (from an API key), the objects it
+owns, and the direct client each worker thread uses. Routes raise `broker.errors`; app.py
+answers them.
 
 The API is one more client of the store and the queues (DESIGN): its routes call the same
 `orchestrator.client.Client` the Python users call, one per thread of the request pool,
@@ -11,39 +12,19 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Path, Request
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from broker.api_keys import ApiKey, authenticate
-from broker.ratelimit import RateLimiter
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.errors import Forbidden, NotFound, RateLimited, Unauthorized
+from broker.redis.ratelimit import RateLimiter
+from broker.stores.api_keys import ApiKey, authenticate
 from orchestrator.api.streams import EventHub
-from orchestrator.client import Client
-
-
-class ApiError(Exception):
-    """Becomes `{"error": {"code", "message", "field"}}` with its status."""
-
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field
-
-    def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.field:
-            error["field"] = self.field
-        return {"error": error}
-
-
-def not_found(what: str) -> ApiError:
-    return ApiError(404, "not_found", f"no {what}")
+from orchestrator.client import LocalClient
 
 
 @dataclass
@@ -57,11 +38,11 @@ class Services:
     local: threading.local
     hub: EventHub
 
-    def client(self) -> Client:
+    def client(self) -> LocalClient:
         """This thread's direct client (its own PostgreSQL connection)."""
         client = getattr(self.local, "client", None)
         if client is None:
-            client = self.local.client = Client(self.settings)
+            client = self.local.client = LocalClient(self.settings)
         return client
 
 
@@ -89,21 +70,19 @@ async def principal(request: Request, svc: Annotated[Services, Depends(services)
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer" or not presented:
-        raise ApiError(401, "unauthorized", "send an API key: Authorization: Bearer clawq_…")
+        raise Unauthorized("send an API key: Authorization: Bearer clawq_…")
     key: ApiKey | None = await authenticate(svc.pool, presented)
     if key is None:
-        raise ApiError(401, "unauthorized", "the API key is wrong or revoked")
+        raise Unauthorized("the API key is wrong or revoked")
     admitted, used = await svc.limiter.admit(f"api:{key.id}")
     if not admitted:
-        raise ApiError(
-            429, "rate_limited", f"{used} requests in the last minute: the key's limit; slow down"
-        )
+        raise RateLimited(f"{used} requests in the last minute: the key's limit; slow down")
     return Principal(key.id, key.user_id, key.admin, tuple(key.agents))
 
 
 async def admin(caller: Annotated[Principal, Depends(principal)]) -> Principal:
     if not caller.admin:
-        raise ApiError(403, "forbidden", "this needs an admin key")
+        raise Forbidden("this needs an admin key")
     return caller
 
 
@@ -125,7 +104,7 @@ async def owned_session(session_id: Id, caller: Caller, svc: Svc) -> str:
         await cur.execute("SELECT user_id FROM sessions WHERE id = %s", (session_id,))
         row = await cur.fetchone()
     if row is None or not caller.may_see(row["user_id"]):
-        raise not_found(f"session {session_id}")
+        raise NotFound(f"no session {session_id}")
     return session_id
 
 

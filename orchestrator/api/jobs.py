@@ -14,12 +14,10 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import keys
-from broker.budget import Limits
-from broker.messages import FINAL_STATUSES, JobResult, Subagent
-from broker.policy_config import PermissionMode
-from orchestrator.api.deps import ApiError, Caller, Id, OwnedSession, Services, Svc, not_found
-from orchestrator.client import ClientError
-from orchestrator.tenancy import TenancyError
+from broker.config.policy import PermissionMode
+from broker.errors import Forbidden, NotFound, TooManyJobs
+from broker.protocol import FINAL_STATUSES, JobResult, Limits, Subagent
+from orchestrator.api.deps import Caller, Id, OwnedSession, Services, Svc
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 STREAM_ID = r"^[0-9]{1,20}(-[0-9]{1,20})?$"  # a Redis stream id: where to resume
@@ -92,7 +90,7 @@ def owned_job(job_id: Id, caller: Caller, svc: Svc) -> dict[str, Any]:
     so it is decided before a response (an event stream) starts."""
     row = svc.client().store.job(job_id)
     if row is None or not caller.may_see(row["spec"].get("user_id", "")):
-        raise not_found(f"job {job_id}")
+        raise NotFound(f"no job {job_id}")
     return row
 
 
@@ -109,10 +107,8 @@ def _running_guard(svc: Services, caller: Any, job_id: str) -> None:
     if done:
         client.redis.zrem(key, *done)
     if len(members) - len(done) >= svc.settings.api_max_running_jobs:
-        raise ApiError(
-            429,
-            "too_many_jobs",
-            f"{len(members) - len(done)} jobs of this key are running (the limit): wait for one",
+        raise TooManyJobs(
+            f"{len(members) - len(done)} jobs of this key are running (the limit): wait for one"
         )
     client.redis.zadd(key, {job_id: time.time()})
     client.redis.expire(key, 7 * 86400)
@@ -124,43 +120,35 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
     import uuid
 
     if not caller.may_run(body.agent):
-        raise not_found(f"agent {body.agent}")
+        raise NotFound(f"no agent {body.agent}")
     if (body.channel or body.chat_id) and not caller.admin:
-        raise ApiError(
-            403,
-            "forbidden",
-            "channel origins come from verified inbound channels or an admin's key",
-            "channel",
+        raise Forbidden(
+            "channel origins come from verified inbound channels or an admin's key", "channel"
         )
     workspace = body.workspace
     if caller.admin and not os.path.isabs(workspace):
         workspace = os.path.join(svc.settings.workspace_root, caller.user_id, workspace)
     job_id = uuid.uuid4().hex
     _running_guard(svc, caller, job_id)
-    try:
-        job = svc.client().submit(
-            body.prompt,
-            admin=caller.admin,
-            workspace=workspace,
-            model=body.model,
-            script=body.script,
-            allow=body.allow,
-            ask=body.ask,
-            deny=body.deny,
-            permission_mode=body.permission_mode,
-            agent=body.agent,
-            user=caller.user_id,
-            max_iterations=body.max_iterations,
-            system=body.system,
-            job_id=job_id,
-            channel=body.channel,
-            chat_id=body.chat_id,
-            budget=body.budget.model_dump() if body.budget else None,
-        )
-    except TenancyError as exc:
-        raise ApiError(403, "forbidden", str(exc), exc.rule) from None
-    except ClientError as exc:
-        raise ApiError(400, "invalid_input", str(exc)) from None
+    job = svc.client().submit(
+        body.prompt,
+        admin=caller.admin,
+        workspace=workspace,
+        model=body.model,
+        script=body.script,
+        allow=body.allow,
+        ask=body.ask,
+        deny=body.deny,
+        permission_mode=body.permission_mode,
+        agent=body.agent,
+        user=caller.user_id,
+        max_iterations=body.max_iterations,
+        system=body.system,
+        job_id=job_id,
+        channel=body.channel,
+        chat_id=body.chat_id,
+        budget=body.budget.model_dump() if body.budget else None,
+    )
     return Submitted(job_id=job.id)
 
 
@@ -197,12 +185,9 @@ def approve(
     job_id: Id, request_id: Id, body: Answer, job: OwnedJob, caller: Caller, svc: Svc
 ) -> None:
     """Answer an approval: the job's user or an admin."""
-    try:
-        svc.client().job(job_id).approve(
-            request_id, body.decision, by=f"api:{caller.user_id}", admin=caller.admin
-        )
-    except ClientError as exc:
-        raise ApiError(409, "conflict", str(exc)) from None
+    svc.client().job(job_id).approve(
+        request_id, body.decision, by=f"api:{caller.user_id}", admin=caller.admin
+    )
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=204)
@@ -212,10 +197,7 @@ def cancel(job_id: Id, job: OwnedJob, svc: Svc) -> None:
 
 @router.post("/jobs/{job_id}/steer", status_code=204)
 def steer(job_id: Id, body: Steer, job: OwnedJob, svc: Svc) -> None:
-    try:
-        svc.client().job(job_id).steer(body.message)
-    except ClientError as exc:
-        raise ApiError(409, "conflict", str(exc)) from None
+    svc.client().job(job_id).steer(body.message)
 
 
 @router.get("/jobs/{job_id}/subagents")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.errors import ConfigurationError
 
 
-class ExposureError(Exception):
+class ExposureError(ConfigurationError):
     """The API would serve plain HTTP to the network: the message says what to set."""
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from broker import keys
-from broker.messages import Event
+from broker.protocol import Event
 
 BLOCK_MS = 5000
 

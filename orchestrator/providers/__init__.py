@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from orchestrator.providers.anthropic import AnthropicProvider
 from orchestrator.providers.base import ModelError, ModelProvider, ModelRequest
 from orchestrator.providers.openai import OpenAIProvider

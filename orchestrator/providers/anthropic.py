@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from orchestrator.conversation import Message, TokenUsage, ToolCall
 from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
 from orchestrator.providers.http import parse_arguments, stream_events

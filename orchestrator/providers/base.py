@@ -6,12 +6,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker.errors import RunError
 from orchestrator.conversation import Message, ToolCall
 
 OnToolCall = Callable[[ToolCall], Awaitable[None]]
 
 
-class ModelError(Exception):
+class ModelError(RunError):
     """The model could not produce a turn (transport, HTTP status, protocol, script)."""
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from broker import keys
-from broker.admission import Limits, SubagentSlots
+from broker.redis.admission import Limits, SubagentSlots
 from tests.conftest import Isolated
 
 
@@ -54,7 +54,7 @@ def test_a_child_that_stops_renewing_frees_its_slot(client: redis.Redis) -> None
 STORM = """
 import random, sys
 import redis
-from broker.admission import Limits, SubagentSlots
+from broker.redis.admission import Limits, SubagentSlots
 slots = SubagentSlots(redis.Redis.from_url(sys.argv[1]), Limits(max_concurrent=8, max_children=5))
 name = sys.argv[2]
 admitted = []

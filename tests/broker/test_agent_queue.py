@@ -9,9 +9,9 @@ import redis
 import redis.asyncio as aioredis
 
 from broker import keys
-from broker.agent_queue import AgentQueue
-from broker.celery_app import create_app
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE
+from broker.celery.app import create_app
+from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE
+from broker.redis.agent_queue import AgentQueue
 from tests.conftest import Isolated
 
 

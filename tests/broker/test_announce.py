@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from broker import keys
-from broker.announce import AnnounceItem, AnnounceQueue, batch_message
+from broker.redis.announce import AnnounceItem, AnnounceQueue, batch_message
 from tests.conftest import Isolated
 
 

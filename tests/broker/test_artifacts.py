@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.artifacts import ArtifactError, ArtifactStore
-from broker.store import Store
+from broker.pg.store import Store
+from broker.stores.artifacts import ArtifactError, ArtifactStore
 from tests.conftest import Isolated
 
 

@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from broker.autopipe import BatchingRedis, batching
-from broker.batching import SharedReads
+from broker.redis.autopipe import BatchingRedis, batching
+from broker.redis.batching import SharedReads
 from tests.conftest import Isolated
 
 

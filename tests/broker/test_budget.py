@@ -8,7 +8,8 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from broker.budget import Budget, Limits, price
+from broker.protocol import Limits
+from broker.redis.budget import Budget, price
 from tests.conftest import Isolated
 
 

@@ -7,7 +7,7 @@ import threading
 
 import redis
 
-from broker import changes
+from broker.redis import changes
 from tests.conftest import Isolated
 
 

@@ -12,9 +12,9 @@ import pytest
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from broker.cron_schedule import Schedule, describe, next_after, upcoming
-from broker.cron_store import CronJob, CronRules, CronStore, run_job_id
-from broker.store import Store
+from broker.pg.store import Store
+from broker.stores.cron import CronJob, CronRules, CronStore, run_job_id
+from broker.stores.cron_schedule import Schedule, describe, next_after, upcoming
 from tests.conftest import Isolated
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from broker.dead_letters import DeadLetters
-from broker.messages import CallContext, CallEnvelope
-from broker.store import Store
+from broker.pg.store import Store
+from broker.protocol import CallContext, CallEnvelope
+from broker.stores.dead_letters import DeadLetters
 from tests.conftest import Isolated
 
 
@@ -59,8 +59,8 @@ def test_a_dead_call_with_an_outcome_anywhere_is_not_sent_again(isolated: Isolat
     import redis
 
     from broker import keys
-    from broker.dead_letters import outcome_found
-    from broker.messages import CallOutcome, JobSpec
+    from broker.protocol import CallOutcome, JobSpec
+    from broker.stores.dead_letters import outcome_found
 
     e = envelope()
     store = Store(isolated.database_url)

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from broker import keys
-from broker.ledger import Ledger
+from broker.redis.ledger import Ledger
 from tests.conftest import Isolated
 
 
@@ -104,7 +104,7 @@ def test_a_call_whose_run_died_runs_again_and_says_so(client: redis.Redis) -> No
 def test_a_released_call_runs_again_and_says_so(client: redis.Redis) -> None:
     """The watchdog releases a call its live owner no longer holds: the next delivery
     runs it, and its first run may have taken effect."""
-    from broker.ledger import RELEASE
+    from broker.redis.ledger import RELEASE
 
     ledger = Ledger(client, ttl_s=60)
     client.set(keys.proc("w1"), "{}")

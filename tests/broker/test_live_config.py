@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.live_config import ConfigError, LiveConfigStore, diff, effective, validate
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.live import ConfigError, LiveConfigStore, diff, effective, validate
+from broker.config.settings import Settings
+from broker.pg.store import Store
 from tests.conftest import Isolated
 
 
@@ -58,11 +58,7 @@ def test_a_channel_may_not_name_one_of_clawqs_own_settings_as_its_secret() -> No
     with pytest.raises(ConfigError) as refused:
         validate(
             Settings(),
-            {
-                "message_channels": {
-                    "x": {"kind": "telegram", "token_env": "CLAWQ_OPENAI_API_KEY"}
-                }
-            },
+            {"message_channels": {"x": {"kind": "telegram", "token_env": "CLAWQ_OPENAI_API_KEY"}}},
         )
     assert refused.value.field.startswith("message_channels")
 
@@ -78,7 +74,7 @@ def test_a_rejection_is_told_once_and_never_for_the_environment(isolated: Isolat
     import redis
 
     from broker import keys
-    from broker.live_config import TOPIC, reject
+    from broker.config.live import TOPIC, reject
 
     store = Store(isolated.database_url)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.mcp_config import (
+from broker.config.mcp import (
     Grant,
     McpConfigError,
     exposed_name,

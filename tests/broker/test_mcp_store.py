@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.mcp_config import parse_servers
-from broker.mcp_store import McpStore, McpStoreError, accessible_tools
-from broker.store import AsyncStore, Store
+from broker.config.mcp import parse_servers
+from broker.pg.store import AsyncStore, Store
+from broker.stores.mcp import McpStore, McpStoreError, accessible_tools
 from tests.conftest import Isolated
 
 SCHEMA = {"type": "object", "properties": {"repo_path": {"type": "string"}}}

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from broker.memory_store import MemoryStore, VersionConflict
-from broker.store import Store
+from broker.pg.store import Store
+from broker.stores.memory import MemoryStore, VersionConflict
 from tests.conftest import Isolated
 
 ROUNDS = 25

@@ -8,7 +8,7 @@ import sys
 
 RACE = """
 import threading
-from broker.metrics import metrics
+from broker.obs.metrics import metrics
 barrier = threading.Barrier(16)
 seen, errors = [], []
 def ask():

@@ -9,8 +9,8 @@ import time
 import redis.asyncio as aioredis
 
 from broker import keys
-from broker.messages import Event
-from broker.ratelimit import RateLimiter
+from broker.protocol import Event
+from broker.redis.ratelimit import RateLimiter
 from tests.conftest import Isolated
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from broker.messages import CallOutcome, JobSpec
-from broker.store import AsyncStore, Store
-from broker.transcript_writes import WRITE_BATCH, Results
+from broker.pg.store import AsyncStore, Store
+from broker.pg.transcript_writes import WRITE_BATCH, Results
+from broker.protocol import CallOutcome, JobSpec
 from tests.conftest import Isolated
 
 

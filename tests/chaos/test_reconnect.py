@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.api_keys import ApiKeyStore
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.stores.api_keys import ApiKeyStore
+from orchestrator.cli.stack import Stack
 from orchestrator.client import Client
-from orchestrator.stack import Stack
 from tests.chaos.services import OwnPostgres, OwnRedis, free_port
 from tests.integration.conftest import call, script, wait_until
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.cli.stack import Stack
 from orchestrator.client import Client
-from orchestrator.stack import Stack
 from tests.conftest import Isolated
 
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from broker.api_keys import ApiKeyStore
-from broker.secretbox import new_key
-from broker.settings import Settings
+from broker.config.secretbox import new_key
+from broker.config.settings import Settings
+from broker.stores.api_keys import ApiKeyStore
 from orchestrator.api.serve import ExposureError, check_exposure
 from orchestrator.client import Client, ClientError, Job
 from tests.integration.conftest import (

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobResult, JobSpec
+from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, JobResult, JobSpec
 from tests.integration.conftest import (
     Cluster,
     call,
@@ -132,7 +132,7 @@ def api(cluster: Cluster) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def api_keys(cluster: Cluster) -> dict[str, str]:
-    from broker.api_keys import ApiKeyStore
+    from broker.stores.api_keys import ApiKeyStore
 
     store = ApiKeyStore(cluster.client.store)
     return {user: store.create(user)[1] for user in ("alice", "bob")}

@@ -190,8 +190,8 @@ def test_run_on_a_terminal_asks_inline_and_always_is_remembered(
 ) -> None:
     import pexpect
 
-    from broker.settings import Settings
-    from broker.store import Store
+    from broker.config.settings import Settings
+    from broker.pg.store import Store
 
     script = write_script(
         tmp_path / "s.json",

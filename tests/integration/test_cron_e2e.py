@@ -15,10 +15,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from broker.cron_schedule import Schedule
-from broker.cron_store import CronJob, CronStore
-from broker.store import Store
-from orchestrator.cron_ticker import Ticker
+from broker.pg.store import Store
+from broker.stores.cron import CronJob, CronStore
+from broker.stores.cron_schedule import Schedule
+from orchestrator.services.cron import Ticker
 from tests.integration.conftest import Cluster, script, start_cluster, wait_until
 from tests.sites import Reply, Site
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
-from broker.messages import CallContext, CallEnvelope, CallOutcome
-from broker.presence import live_processes
-from orchestrator.dispatch import running_dispatcher
+from broker.protocol import CallContext, CallEnvelope, CallOutcome
+from broker.redis.presence import live_processes
+from orchestrator.calls.dispatch import running_dispatcher
 from tests.conftest import Isolated
 from tests.integration.conftest import wait_until
 

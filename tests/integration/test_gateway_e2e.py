@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis
 
-from broker.live_config import LiveConfigStore
-from broker.presence import live_processes
-from broker.store import Store
+from broker.config.live import LiveConfigStore
+from broker.pg.store import Store
+from broker.redis.presence import live_processes
 from tests.integration.conftest import Cluster, start_cluster, wait_until
 from tests.sites import Reply, Site
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.messages import CallContext, CallEnvelope, CallOutcome
-from broker.presence import live_processes
-from orchestrator.dispatch import running_dispatcher
+from broker.protocol import CallContext, CallEnvelope, CallOutcome
+from broker.redis.presence import live_processes
+from orchestrator.calls.dispatch import running_dispatcher
 from tests.conftest import Isolated
 from tests.integration.conftest import wait_until
 from tests.sites import Reply, Seen, Site
@@ -131,7 +131,7 @@ def test_a_channel_applied_live_never_shows_its_token(
         assert TOKEN not in outcome.for_llm and TOKEN not in outcome.for_user
         assert TOKEN not in json.dumps(outcome.metadata)
     # what the outbox keeps of each failure passed the channel's own redaction
-    from broker.store import Store
+    from broker.pg.store import Store
 
     store = Store(iso.database_url)
     try:

@@ -28,7 +28,7 @@ def api(cluster: Cluster) -> Iterator[str]:
 def test_a_job_speaks_and_the_audio_is_served_by_the_api(
     cluster: Cluster, api: str, workspace: Path
 ) -> None:
-    from broker.api_keys import ApiKeyStore
+    from broker.stores.api_keys import ApiKeyStore
 
     keys = ApiKeyStore(cluster.client.store)
     alice, bob = keys.create("alice")[1], keys.create("bob")[1]

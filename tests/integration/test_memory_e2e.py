@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from broker.context_files import ContextFileStore
-from broker.memory_store import MemoryStore
-from broker.store import Store
+from broker.pg.store import Store
+from broker.stores.context_files import ContextFileStore
+from broker.stores.memory import MemoryStore
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 from tests.orchestrator.conftest import ModelServer, openai_chunk, sse
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.presence import live_processes
-from broker.store import Store
+from broker.pg.store import Store
+from broker.redis.presence import live_processes
 from tests.integration.conftest import Cluster, start_cluster
 from tests.sites import Reply, Seen, Site
 

@@ -116,7 +116,7 @@ def _up(port: int) -> bool:
 def test_the_dashboard_uses_only_metrics_that_exist() -> None:
     from prometheus_client import REGISTRY
 
-    from broker.metrics import metrics
+    from broker.obs.metrics import metrics
 
     metrics()
     defined = {

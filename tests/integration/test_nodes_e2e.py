@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.presence import live_processes
+from broker.redis.presence import live_processes
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 WORKER = [sys.executable, "-m", "orchestrator.cli", "worker", "--group", "runtime"]

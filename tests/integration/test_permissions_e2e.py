@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from broker.presence import live_processes
+from broker.redis.presence import live_processes
 from orchestrator.client import Job
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 

@@ -55,8 +55,8 @@ def test_calls_about_a_process_reach_its_hosts_queue(cluster: Cluster, workspace
     import asyncio
     import socket
 
-    from broker.messages import CallContext, CallEnvelope
-    from orchestrator.dispatch import running_dispatcher
+    from broker.protocol import CallContext, CallEnvelope
+    from orchestrator.calls.dispatch import running_dispatcher
     from workers.registry import default_registry
 
     tool = default_registry().get("process")

@@ -13,12 +13,12 @@ from typing import Any
 import docker
 import pytest
 
-from broker.messages import CallContext
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext
 from tests.container_engine import EngineUnavailable, docker_url, ensure_image
+from workers.confine.sandbox import LABEL, Sandbox
 from workers.execute import run_tool
 from workers.registry import default_registry
-from workers.sandbox import LABEL, Sandbox
 from workers.tool import ToolContext, ToolResult
 
 REGISTRY = default_registry()
@@ -249,7 +249,7 @@ def test_background_processes_run_in_the_sandbox(
     sandbox_ws: Path,
     tmp_path: Path,
 ) -> None:
-    from workers.tools.process import end_session
+    from workers.tools.runtime.process import end_session
 
     settings = settings.model_copy(update={"process_state_dir": str(tmp_path / "procs")})
     sandbox = make_sandbox(settings)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.messages import ToolCallRecord
+from broker.protocol import ToolCallRecord
 from tests.integration.conftest import Cluster, call, start_cluster
 
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from broker import keys
-from broker.announce import AnnounceItem, AnnounceQueue
+from broker.redis.announce import AnnounceItem, AnnounceQueue
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from broker import keys
-from broker.messages import FINAL_STATUSES
-from broker.presence import live_processes
+from broker.protocol import FINAL_STATUSES
+from broker.redis.presence import live_processes
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 LIMIT = 8

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import redis
 
-from broker import events, keys
-from broker.announce import AnnounceItem, AnnounceQueue
+from broker import keys
+from broker.redis import events
+from broker.redis.announce import AnnounceItem, AnnounceQueue
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 RATE_LIMIT = 40
@@ -317,8 +318,8 @@ def test_cancelling_a_parent_cancels_its_children(cluster: Cluster, workspace: P
 def test_a_job_queued_in_the_session_gets_the_announcement(
     cluster: Cluster, workspace: Path
 ) -> None:
-    from broker.announce import AnnounceItem, AnnounceQueue
-    from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
+    from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
+    from broker.redis.announce import AnnounceItem, AnnounceQueue
 
     first = cluster.client.submit("first", workspace=str(workspace), script=child("first done"))
     first.wait(timeout=60)
@@ -345,7 +346,7 @@ def test_a_job_queued_in_the_session_gets_the_announcement(
 def test_cancel_by_id_from_a_later_job_of_the_session(cluster: Cluster, workspace: Path) -> None:
     """A child's id is only known once it exists: a later job of the parent's session (as
     an announcement or a user would start) cancels it by that id."""
-    from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
+    from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
 
     parent = cluster.client.submit(
         "start two",

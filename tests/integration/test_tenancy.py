@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from broker import changes
-from broker.api_keys import ApiKeyStore
-from broker.live_config import TOPIC, LiveConfigStore
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
+from broker.config.live import TOPIC, LiveConfigStore
+from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, JobSpec
+from broker.redis import changes
+from broker.stores.api_keys import ApiKeyStore
 from orchestrator.client import Job
 from tests.integration.conftest import Cluster, call, script, serve_api, start_cluster
 

@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from broker import keys as broker_keys
-from broker.api_keys import ApiKeyStore
-from broker.artifacts import ArtifactStore
-from broker.messages import Event
+from broker.protocol import Event
+from broker.stores.api_keys import ApiKeyStore
+from broker.stores.artifacts import ArtifactStore
 from tests.integration.conftest import Cluster, call, script, serve_api, start_cluster, wait_until
 
 ROOT = Path(os.environ.get("TMPDIR", "/tmp")) / f"clawq-tenancy-api-{os.getpid()}"

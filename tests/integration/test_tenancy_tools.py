@@ -29,9 +29,9 @@ from typing import Any, Literal
 import pytest
 
 from broker import keys as broker_keys
-from broker.cron_store import CronStore
-from broker.memory_store import MemoryStore
-from broker.messages import FINAL_STATUSES, Event, JobResult
+from broker.protocol import FINAL_STATUSES, Event, JobResult
+from broker.stores.cron import CronStore
+from broker.stores.memory import MemoryStore
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 from tests.sites import Reply, Seen, Site
 from workers.registry import default_registry

@@ -170,9 +170,9 @@ def test_whole_worker_killed_call_finishes_on_another_worker(
 
 
 def test_a_message_that_is_not_an_envelope_goes_to_the_dead_letters(cluster: Cluster) -> None:
-    from broker.celery_app import create_app
-    from broker.dead_letters import DeadLetters
-    from broker.store import Store
+    from broker.celery.app import create_app
+    from broker.pg.store import Store
+    from broker.stores.dead_letters import DeadLetters
 
     app = create_app(cluster.iso.settings)
     app.send_task("clawq.tool.read_file", kwargs={"envelope": {"tool": 7}}, queue="fs")

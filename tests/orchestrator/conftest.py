@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "providers"
 HOLD_TIMEOUT_S = 30.0  # above every wait of the tests that hold a stream

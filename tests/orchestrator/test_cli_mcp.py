@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from orchestrator import cli
+from orchestrator.cli import main as cli
 from tests.conftest import Isolated
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import redis
 from click.testing import CliRunner
 
-from broker.memory_store import MemoryStore
-from broker.store import Store
-from orchestrator import cli
+from broker.pg.store import Store
+from broker.stores.memory import MemoryStore
+from orchestrator.cli import main as cli
 from tests.conftest import Isolated
 from workers.tools.memory.index import index_document
 

@@ -18,10 +18,10 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from broker.presence import Heartbeat, process_id
-from broker.store import migrations
-from orchestrator import cli
-from orchestrator.stack import Stack
+from broker.pg.store import migrations
+from broker.redis.presence import Heartbeat, process_id
+from orchestrator.cli import main as cli
+from orchestrator.cli.stack import Stack
 from tests.conftest import PG_BASE, Isolated
 
 CLAWQ = Path(sys.executable).parent / "clawq"  # the console script a probe runs

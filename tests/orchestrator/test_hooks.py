@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from broker.policy_config import HooksConfig
-from broker.settings import Settings
-from orchestrator.hooks import HOOK_ENV, HookInput, HookOutcome, HookOutput, Hooks, matches
-from workers import confine
+from broker.config.policy import HooksConfig
+from broker.config.settings import Settings
+from orchestrator.calls.hooks import HOOK_ENV, HookInput, HookOutcome, HookOutput, Hooks, matches
+from workers.confine import host as confine
 
 
 def hook_input(tool: str = "exec", **extra: Any) -> HookInput:

@@ -9,7 +9,7 @@ import time
 import redis
 
 from broker import keys
-from orchestrator.leases import LeaseKeeper
+from orchestrator.services.leases import LeaseKeeper
 from tests.conftest import Isolated
 
 

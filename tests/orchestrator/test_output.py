@@ -7,7 +7,7 @@ import json
 import click
 from click.testing import CliRunner
 
-from orchestrator.output import table
+from orchestrator.cli.common import table
 
 
 def _printing(rows: list[tuple[str, str]], as_json: bool = False) -> str:

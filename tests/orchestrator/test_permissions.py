@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from broker.policy_config import PermissionRules
-from broker.settings import Settings
-from orchestrator.permissions import (
+from broker.config.policy import PermissionRules
+from broker.config.settings import Settings
+from orchestrator.calls.permissions import (
     Decision,
     HookVerdict,
     decide,
@@ -16,7 +16,7 @@ from orchestrator.permissions import (
     job_rules,
     network_allowed,
 )
-from orchestrator.rules import Rule, RuleError, rules_from
+from orchestrator.calls.rules import Rule, RuleError, rules_from
 from workers.registry import default_registry
 
 WS = "/srv/ws"
@@ -209,7 +209,7 @@ def test_shell_safety_denies_whatever_the_rules_and_mode(mode: str) -> None:
     ],
 )
 def test_exec_approval_modes(security: str, ask: str, command: str, expected: str) -> None:
-    from orchestrator.permissions import exec_approvals
+    from orchestrator.calls.permissions import exec_approvals
 
     settings = Settings.model_validate(
         {"exec_security": security, "exec_ask": ask, "exec_allowlist": ["git status", "git log *"]}

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from broker.messages import Group
-from broker.policy_config import ToolPolicy
-from orchestrator.policy import PolicyEngine, PolicyError
+from broker.config.policy import ToolPolicy
+from broker.protocol import Group
+from orchestrator.calls.policy import PolicyEngine, PolicyError
 from workers.registry import Registry, default_registry
 from workers.tool import Tool, ToolInput
 
@@ -156,8 +156,8 @@ def test_unknown_profiles_and_groups_fail_closed(policy: dict[str, Any]) -> None
 
 
 def test_mcp_groups_are_dynamic() -> None:
-    from broker.mcp_store import McpToolRow
-    from workers.tools.mcp import tool_class
+    from broker.stores.mcp import McpToolRow
+    from workers.tools.mcp.tool import tool_class
 
     schema = {"type": "object", "properties": {}}
     rows = [

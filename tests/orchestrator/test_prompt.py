@@ -3,8 +3,8 @@ where it was cut, a cap for all of them, and the job's own system text last."""
 
 from __future__ import annotations
 
-from broker.settings import Settings
-from orchestrator.prompt import assemble
+from broker.config.settings import Settings
+from orchestrator.job.prompt import assemble
 
 
 def test_files_come_in_the_configured_order_and_the_job_system_text_last() -> None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from tenacity import wait_none
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from orchestrator.conversation import Message, ToolCall, ToolResultBlock
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from orchestrator.providers import http as provider_http

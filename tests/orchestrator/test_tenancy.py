@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.messages import JobSpec
-from broker.settings import Settings
-from orchestrator.tenancy import TenancyError, check, workspace_for
+from broker.config.settings import Settings
+from broker.protocol import JobSpec
+from orchestrator.calls.tenancy import TenancyError, check, workspace_for
 
 
 def settings(tmp_path: Path, **ceilings: object) -> Settings:

@@ -12,10 +12,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from broker import keys
-from broker.celery_app import create_app
-from broker.connections import async_redis
-from broker.messages import CallContext, CallEnvelope
-from orchestrator.dispatch import Dispatcher, Pending
+from broker.celery.app import create_app
+from broker.protocol import CallContext, CallEnvelope
+from broker.redis.connections import async_redis
+from orchestrator.calls.dispatch import Dispatcher
+from orchestrator.calls.pending import Pending
 from tests.conftest import Isolated
 
 INTERVAL = 0.2
@@ -199,7 +200,7 @@ def test_a_resent_call_is_answered_from_the_ledger_or_left_to_its_runner(
 ) -> None:
     """A resumed turn sends its calls again marked `resent`: one whose outcome is in the
     ledger is answered from there, one running is left to its runner; neither is sent."""
-    from broker.messages import CallOutcome
+    from broker.protocol import CallOutcome
 
     async def body(dispatcher: Dispatcher) -> None:
         r = dispatcher.redis

@@ -11,8 +11,8 @@ import json
 import sys
 import tracemalloc
 
-from workers.egress import Egress
-from workers.netguard import EgressPolicy, parse_private_allow
+from workers.egress.client import Egress
+from workers.egress.netguard import EgressPolicy, parse_private_allow
 
 
 def peak_rss_mib() -> float:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from broker.messages import CallContext
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext
 from workers.execute import run_tool as execute_tool
 from workers.registry import default_registry
 from workers.tool import ToolContext, ToolResult

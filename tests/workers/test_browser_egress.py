@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 import redis
 
-from broker.messages import CallContext
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.protocol import CallContext
 from tests.conftest import Isolated
 from tests.sites import Reply, Site
 from workers import live
-from workers.egress_proxy import EgressProxy
+from workers.egress.netguard import EgressError, EgressPolicy, parse_private_allow
+from workers.egress.proxy import EgressProxy
 from workers.execute import run_tool
-from workers.netguard import EgressError, EgressPolicy, parse_private_allow
 from workers.registry import default_registry
 from workers.tool import ToolContext, ToolResult
 from workers.tools.ui import engine as ui_engine
@@ -330,7 +330,7 @@ def test_a_live_change_reaches_a_page_already_open(browser: Browser, site: Site)
     assert proxy is not None
     assert connect(proxy.port, f"ferry.test:{site.port}").startswith(b"HTTP/1.1 200")
 
-    from broker.live_config import effective
+    from broker.config.live import effective
 
     # what the worker's runtime does when `clawq config apply` blocks the domain
     live.changed(effective(browser.settings, {"web_block_domains": ["ferry.test"]}))

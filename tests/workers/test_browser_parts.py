@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import redis
 
-from broker.messages import CallContext
-from broker.store import Store
+from broker.pg.store import Store
+from broker.protocol import CallContext
 from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
-from workers.egress_proxy import EgressProxy
+from workers.egress.netguard import EgressPolicy, parse_private_allow
+from workers.egress.proxy import EgressProxy
 from workers.execute import run_tool
-from workers.netguard import EgressPolicy, parse_private_allow
 from workers.registry import default_registry
 from workers.tool import ToolContext, ToolResult
 from workers.tools.ui import engine as ui_engine

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from tests.processes import gone_within, pids_with, token, wait_for_pids
 from tests.workers.conftest import Runner
-from workers import confine
+from workers.confine import host as confine
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.messages import CallContext, JobSpec
-from broker.store import Store
+from broker.pg.store import Store
+from broker.protocol import CallContext, JobSpec
 from tests.conftest import Isolated
 from workers.execute import run_tool
 from workers.registry import default_registry

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from broker.custom_tools import CustomTool, CustomToolError, CustomToolSpec, CustomToolStore
-from broker.messages import CallContext
-from broker.secretbox import SecretBox, SecretError, new_key
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.secretbox import SecretBox, SecretError, new_key
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.protocol import CallContext
+from broker.stores.custom_tools import CustomTool, CustomToolError, CustomToolSpec, CustomToolStore
 from tests.conftest import Isolated
-from workers.template import TemplateError, check
 from workers.tool import ToolContext
-from workers.tools.custom import tool_class
+from workers.tools.custom_tools.template import TemplateError, check
+from workers.tools.custom_tools.tool import tool_class
 
 SCHEMA = {
     "type": "object",
@@ -196,7 +196,7 @@ def test_tool_errors_say_which_argument() -> None:
 def test_the_administration_refuses_an_injecting_template_and_a_stored_one_is_refused_on_load(
     isolated: Isolated, workspace: Path
 ) -> None:
-    from orchestrator.custom_admin import CustomAdmin, CustomAdminError
+    from orchestrator.admin.custom_tools import CustomAdmin, CustomAdminError
     from workers.execute import run_tool
     from workers.registry import Registry
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from tests.sites import Reply, Site, gzipped, redirect
-from workers.egress import Egress
-from workers.netguard import EgressError, EgressPolicy, check_host, parse_private_allow
+from workers.egress.client import Egress
+from workers.egress.netguard import EgressError, EgressPolicy, check_host, parse_private_allow
 
 PUBLIC = "93.184.216.34"  # a public address no test ever reaches (no network here)
 
@@ -326,7 +326,7 @@ def test_domain_lists_and_the_fake_ip_switch() -> None:
             check_host(host, policy)
     from ipaddress import ip_address
 
-    from workers.netguard import blocked_reason
+    from workers.egress.netguard import blocked_reason
 
     assert blocked_reason(ip_address("198.18.0.1"), EgressPolicy()) is not None
     assert blocked_reason(ip_address("198.18.0.1"), EgressPolicy(allow_fake_ips=True)) is None

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.messages import CallContext
-from broker.store import Store
+from broker.pg.store import Store
+from broker.protocol import CallContext
 from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
 from workers.execute import run_tool
@@ -28,7 +28,8 @@ from workers.registry import default_registry
 from workers.tool import ToolContext
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = [*sorted((ROOT / "workers").rglob("*.py")), ROOT / "orchestrator" / "cron_ticker.py"]
+CRON = ROOT / "orchestrator" / "services" / "cron.py"
+SCANNED = [*sorted((ROOT / "workers").rglob("*.py")), CRON]
 # what opens a connection, by the dotted name it is called by
 OPENERS = {
     "httpx": {"Client", "AsyncClient", "get", "post", "put", "patch", "delete", "head"}
@@ -49,16 +50,16 @@ OPENERS = {
 }
 # the guard itself: where a connection is opened to an address that was checked
 GUARD = {
-    ("workers/egress.py", "httpx.Client"): "the egress client",
-    ("workers/egress.py", "httpx.HTTPTransport"): "the egress client's transport",
-    ("workers/egress.py", "httpcore.ConnectionPool"): "its pool, on the guarded backend",
-    ("workers/egress.py", "httpcore.SyncBackend"): "connects to checked addresses only",
-    ("workers/egress.py", "socket.getaddrinfo"): "the resolver whose answers are checked",
-    ("workers/egress_async.py", "httpx2.AsyncClient"): "the async egress client (MCP)",
-    ("workers/egress_async.py", "httpx2.AsyncHTTPTransport"): "its transport",
-    ("workers/egress_async.py", "httpcore2.AsyncConnectionPool"): "its guarded pool",
-    ("workers/egress_async.py", "httpcore2.AnyIOBackend"): "connects to checked addresses",
-    ("workers/egress_proxy.py", "asyncio.open_connection"): "the browser's proxy, checked",
+    ("workers/egress/client.py", "httpx.Client"): "the egress client",
+    ("workers/egress/client.py", "httpx.HTTPTransport"): "the egress client's transport",
+    ("workers/egress/client.py", "httpcore.ConnectionPool"): "its pool, on the guarded backend",
+    ("workers/egress/client.py", "httpcore.SyncBackend"): "connects to checked addresses only",
+    ("workers/egress/client.py", "socket.getaddrinfo"): "the resolver whose answers are checked",
+    ("workers/egress/async_client.py", "httpx2.AsyncClient"): "the async egress client (MCP)",
+    ("workers/egress/async_client.py", "httpx2.AsyncHTTPTransport"): "its transport",
+    ("workers/egress/async_client.py", "httpcore2.AsyncConnectionPool"): "its guarded pool",
+    ("workers/egress/async_client.py", "httpcore2.AnyIOBackend"): "connects to checked addresses",
+    ("workers/egress/proxy.py", "asyncio.open_connection"): "the browser's proxy, checked",
     ("workers/tools/media/tts.py", "aiohttp.TCPConnector"): "Edge's, on a checked resolver",
     ("workers/tools/media/tts.py", "edge_tts.Communicate"): "given the guarded connector",
     ("workers/tools/messaging/channels.py", "socket.create_connection"): "SMTP, checked",
@@ -72,10 +73,10 @@ REQUESTERS = {
     "workers/tools/media/tts.py": "tts (Edge's websocket: checked_addresses)",
     "workers/tools/messaging/channels.py": "message (webhook, Slack, Telegram; SMTP)",
     "workers/tools/memory/embed.py": "memory's OpenAI-compatible embeddings",
-    "workers/mcp_client.py": "MCP servers over streamable HTTP and SSE",
-    "workers/egress_proxy.py": "browser pages (the per-session proxy)",
-    "workers/egress_async.py": "the async egress client, on the sync one's checks",
-    "orchestrator/cron_ticker.py": "cron's webhook delivery",
+    "workers/tools/mcp/client.py": "MCP servers over streamable HTTP and SSE",
+    "workers/egress/proxy.py": "browser pages (the per-session proxy)",
+    "workers/egress/async_client.py": "the async egress client, on the sync one's checks",
+    "orchestrator/services/cron.py": "cron's webhook delivery",
 }
 
 
@@ -123,7 +124,7 @@ def uses_egress(path: Path) -> bool:
     tree = ast.parse(path.read_text())
     return any(
         isinstance(node, ast.ImportFrom)
-        and node.module in ("workers.egress", "workers.egress_async")
+        and node.module in ("workers.egress.client", "workers.egress.async_client")
         and any(a.name in SENDING for a in node.names)
         for node in ast.walk(tree)
     )
@@ -149,7 +150,7 @@ def test_every_connection_is_opened_by_the_guard() -> None:
     found = {(str(path.relative_to(ROOT)), name) for path in SCANNED for name in openers(path)}
     unguarded = sorted(found - set(GUARD))
     assert unguarded == [], f"outbound connections outside the egress guard: {unguarded}"
-    assert ("workers/egress.py", "httpx.Client") in found  # the census sees what it should
+    assert ("workers/egress/client.py", "httpx.Client") in found  # the census sees what it should
 
 
 def test_the_modules_that_send_requests_go_through_the_egress_client() -> None:
@@ -177,7 +178,7 @@ def allowed() -> Iterator[Site]:
 def test_cron_webhook_delivery_is_refused_for_a_blocked_address(
     isolated: Isolated, victim: Site, allowed: Site, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from orchestrator.cron_ticker import Ticker
+    from orchestrator.services.cron import Ticker
 
     settings = isolated.settings.model_copy(update={"web_private_allow": [allowed.endpoint]})
     ticker = Ticker(settings, app=None)  # type: ignore[arg-type]  # delivery sends no task
@@ -191,7 +192,7 @@ def test_cron_webhook_delivery_is_refused_for_a_blocked_address(
         "session_id": "",
         "origin_session": "",
     }
-    with caplog.at_level(logging.WARNING, logger="orchestrator.cron_ticker"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.services.cron"):
         ticker._deliver(run, {**row, "webhook_url": f"{victim.url}/hook"})
         ticker._deliver(run, {**row, "webhook_url": "http://metadata.google.internal/hook"})
         ticker._deliver(run, {**row, "webhook_url": f"{allowed.url}/hook"})

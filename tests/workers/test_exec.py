@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from tests.processes import gone_within, token
 from tests.workers.conftest import Runner
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from tests.workers.conftest import Runner
 
 

@@ -16,10 +16,11 @@ import pytest
 import redis
 from PIL import Image
 
-from broker.artifacts import ArtifactStore
-from broker.messages import CallContext
-from broker.settings import ImageEndpoint, Settings
-from broker.store import Store
+from broker.config.sections import ImageEndpoint
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.protocol import CallContext
+from broker.stores.artifacts import ArtifactStore
 from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
 from workers.execute import run_tool

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import redis
 
-from broker.context_files import ContextFileStore
-from broker.memory_store import MemoryStore
-from broker.messages import CallContext
-from broker.store import Store
+from broker.pg.store import Store
+from broker.protocol import CallContext
+from broker.stores.context_files import ContextFileStore
+from broker.stores.memory import MemoryStore
 from tests.conftest import Isolated
 from workers.execute import run_tool
 from workers.registry import default_registry

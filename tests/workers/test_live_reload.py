@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 import redis
 
-from broker import changes, live_config
-from broker.ledger import Ledger
-from broker.messages import CallContext, CallEnvelope
-from broker.store import Store
+from broker.config import live as live_config
+from broker.pg.store import Store
+from broker.protocol import CallContext, CallEnvelope
+from broker.redis import changes
+from broker.redis.ledger import Ledger
 from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
-from workers.egress import egress_for
+from workers.egress.client import egress_for
 from workers.execute import WorkerRuntime
 from workers.outcomes import Outcomes
 from workers.registry import default_registry

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from broker.mcp_config import McpServer, parse_servers
-from broker.settings import Settings
+from broker.config.mcp import McpServer, parse_servers
+from broker.config.settings import Settings
 from tests.conftest import Isolated
-from workers.mcp_client import McpError, McpManager
-from workers.mcp_results import to_result
+from workers.tools.mcp.client import McpError, McpManager
+from workers.tools.mcp.results import to_result
 
 BIN = Path(sys.executable).parent
 
@@ -264,11 +264,11 @@ def test_results_become_text_with_placeholders_and_a_cap() -> None:
 
 
 def test_a_call_is_checked_against_the_grants_again_on_the_worker(isolated: Isolated) -> None:
-    from broker.mcp_store import McpStore, McpToolRow
-    from broker.messages import CallContext
-    from broker.store import Store
+    from broker.pg.store import Store
+    from broker.protocol import CallContext
+    from broker.stores.mcp import McpStore, McpToolRow
     from workers.tool import ToolContext, ToolError
-    from workers.tools.mcp import McpInput, tool_class
+    from workers.tools.mcp.tool import McpInput, tool_class
 
     store = Store(isolated.database_url)
     try:
@@ -299,11 +299,11 @@ def test_on_a_fresh_database_the_manager_waits_for_the_schema_quietly(
 
     import psycopg
 
-    from broker.mcp_config import McpServer
-    from broker.mcp_store import McpStore
-    from broker.store import Store
+    from broker.config.mcp import McpServer
+    from broker.pg.store import Store
+    from broker.stores.mcp import McpStore
     from tests.conftest import PG_BASE
-    from workers.mcp_client import CatalogStore
+    from workers.tools.mcp.client import CatalogStore
 
     schema = "t_fresh_" + os.urandom(4).hex()
     url = f"{PG_BASE}?options=-csearch_path%3D{schema}"

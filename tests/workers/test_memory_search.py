@@ -14,9 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from broker.memory_store import MemoryStore
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.stores.memory import MemoryStore
 from tests.conftest import Isolated
 from workers.tools.memory.index import index_document
 from workers.tools.memory.search import search
@@ -271,7 +271,7 @@ def test_the_openai_embedder_speaks_the_embeddings_api(
 def test_an_index_failure_is_recorded_and_sent_to_the_job(isolated: Isolated) -> None:
     import redis
 
-    from broker import events
+    from broker.redis import events
     from workers.tools.memory.index import run_index_task
 
     settings = isolated.settings.model_copy(

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 import redis
 
-from broker.artifacts import ArtifactStore
-from broker.message_outbox import Outbox
-from broker.messages import CallContext
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.protocol import CallContext
+from broker.stores.artifacts import ArtifactStore
+from broker.stores.message_outbox import Outbox
 from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
 from workers.execute import run_tool

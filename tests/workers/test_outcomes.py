@@ -15,7 +15,7 @@ import redis
 from redis.retry import Retry
 
 from broker import keys
-from broker.ledger import Ledger
+from broker.redis.ledger import Ledger
 from tests.chaos.services import OwnRedis
 from workers.outcomes import Outcomes
 

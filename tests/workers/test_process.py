@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from broker.messages import CallContext
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext
 from workers.execute import run_tool
 from workers.registry import default_registry
 from workers.tool import ToolContext, ToolResult
-from workers.tools.process import end_session
+from workers.tools.runtime.process import end_session
 
 REGISTRY = default_registry()
 

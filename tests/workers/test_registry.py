@@ -4,7 +4,7 @@ from typing import ClassVar
 
 import pytest
 
-from broker.messages import Group
+from broker.protocol import Group
 from workers.registry import DeclarationError, Registry, default_registry
 from workers.tool import Tool, ToolInput, ToolResult
 

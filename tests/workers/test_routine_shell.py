@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.permissions import decide
-from orchestrator.rules import Rule
+from orchestrator.calls.permissions import decide
+from orchestrator.calls.rules import Rule
+from workers.confine.safety import judge_line
 from workers.registry import default_registry
-from workers.safety import judge_line
 
 CORPUS = json.loads((Path(__file__).parents[1] / "fixtures/shell/routine.json").read_text())
 COMMANDS: list[dict[str, object]] = CORPUS["commands"]

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from broker import keys
-from broker.messages import CallContext, CallEnvelope, CallOutcome, Group
+from broker.protocol import CallContext, CallEnvelope, CallOutcome, Group
 from tests.conftest import Isolated
 from workers.execute import WorkerRuntime
 from workers.registry import Registry

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.safety import judge, judge_line
-from workers.shell import parse_shell
+from workers.confine.safety import judge, judge_line
+from workers.confine.shell import parse_shell
 
 DANGEROUS = [
     # destructive file operations, flags in any order, case and spelling

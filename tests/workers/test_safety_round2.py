@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.permissions import decide
-from orchestrator.rules import Rule
+from orchestrator.calls.permissions import decide
+from orchestrator.calls.rules import Rule
+from workers.confine.safety import judge, judge_line
+from workers.confine.shell import parse_shell
+from workers.confine.shell_commands import ParsedShell
 from workers.registry import default_registry
-from workers.safety import judge, judge_line
-from workers.shell import ParsedShell, parse_shell
 
 D = "destructive file operation"
 W = "write outside the workspace"

@@ -7,8 +7,8 @@ import time
 import pytest
 import redis
 
-from broker.messages import CallContext, CallEnvelope, Group
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext, CallEnvelope, Group
 from tests.conftest import Isolated
 from workers.execute import WorkerRuntime
 from workers.registry import Registry

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.shell import command_pattern, parse_shell
+from workers.confine.shell import parse_shell
+from workers.confine.shell_commands import command_pattern
 
 
 @pytest.mark.parametrize(

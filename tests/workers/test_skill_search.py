@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from broker import keys
-from broker.messages import CallContext
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext
 from tests.conftest import Isolated
 from workers.execute import run_tool
 from workers.registry import default_registry

@@ -8,11 +8,11 @@ import pytest
 import redis
 
 from broker import keys
-from broker.messages import CallContext, JobSpec
-from broker.store import Store
+from broker.pg.store import Store
+from broker.protocol import CallContext, JobSpec
 from tests.conftest import Isolated
 from workers.tool import ToolContext, ToolError
-from workers.tools.subagents import (
+from workers.tools.sessions.subagents import (
     SpawnInput,
     Subagents,
     SubagentsInput,
@@ -72,7 +72,7 @@ def test_cancel_by_id_signals_the_child(
 ) -> None:
     """On a real Redis and PostgreSQL, without an orchestrator: the cancel flag is set and
     published, and the answer says the child has not stopped yet."""
-    import workers.tools.subagents as subagents
+    import workers.tools.sessions.subagents as subagents
 
     monkeypatch.setattr(subagents, "STOP_WAIT_S", 0.3)
     store = Store(isolated.database_url)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.custom_tools import CustomTool
-from broker.messages import CallContext
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext
+from broker.stores.custom_tools import CustomTool
 from workers.execute import run_tool
 from workers.registry import Registry
-from workers.template import TemplateError, check
 from workers.tool import ToolContext
-from workers.tools.custom import tool_class
+from workers.tools.custom_tools.template import TemplateError, check
+from workers.tools.custom_tools.tool import tool_class
 
 PARAMETERS = {
     "type": "object",

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import redis
 
-from broker.artifacts import ArtifactStore
-from broker.messages import CallContext
-from broker.settings import Settings
-from broker.store import Store
+from broker.config.settings import Settings
+from broker.pg.store import Store
+from broker.protocol import CallContext
+from broker.stores.artifacts import ArtifactStore
 from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
 from workers.execute import run_tool
@@ -266,7 +266,7 @@ def test_edge_connections_pass_the_egress_policy(vendor: Site) -> None:
 
     import aiohttp
 
-    from workers.netguard import EgressError, EgressPolicy, parse_private_allow
+    from workers.egress.netguard import EgressError, EgressPolicy, parse_private_allow
 
     def names(host: str, port: int) -> list[str]:
         return ["127.0.0.1"] if host == "tts.test" else []

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis
 
-from broker.messages import CallContext
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext
 from tests.conftest import Isolated
 from tests.sites import Reply, Site, gzipped, redirect, tiny_pdf
 from workers.execute import run_tool
@@ -176,8 +176,8 @@ def test_a_page_cannot_close_the_untrusted_block(site: Site, settings: Settings)
 
 
 def test_permission_is_per_domain_and_fails_closed() -> None:
-    from orchestrator.permissions import decide
-    from orchestrator.rules import Rule
+    from orchestrator.calls.permissions import decide
+    from orchestrator.calls.rules import Rule
 
     tool = REGISTRY.get("web_fetch")
     assert tool is not None
@@ -195,8 +195,8 @@ def test_permission_is_per_domain_and_fails_closed() -> None:
 def test_a_domain_blocked_live_is_not_served_from_the_cache(
     site: Site, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker.live_config import effective
-    from workers import egress
+    from broker.config.live import effective
+    from workers.egress import client as egress
 
     # ferry.test is the local site (a name, so the domain lists can name it)
     monkeypatch.setattr(

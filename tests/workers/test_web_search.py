@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis
 
-from broker.messages import CallContext
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import CallContext
 from tests.conftest import Isolated
 from tests.sites import Reply, Seen, Site
 from workers.execute import run_tool

@@ -1,6 +1,6 @@
 """cron: scheduled agent jobs of the calling agent and user (group automation).
 
-The orchestrators' ticker starts them (orchestrator/cron_ticker.py); this tool only reads
+The orchestrators' ticker starts them (orchestrator/services/cron.py); this tool only reads
 and writes their rows, so listing never moves a next run."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from broker.cron_schedule import Schedule, describe, upcoming
-from broker.cron_store import CronError, CronJob, CronRules, CronStore, run_job_id
-from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, Group
+from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, Group
+from broker.stores.cron import CronError, CronJob, CronRules, CronStore, run_job_id
+from broker.stores.cron_schedule import Schedule, describe, upcoming
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
 READS = ("status", "list", "runs")

@@ -11,8 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from broker import changes
-from broker.live_config import (
+from broker.config.live import (
     LIVE_KEYS,
     PEOPLE_ONLY,
     TOPIC,
@@ -21,9 +20,10 @@ from broker.live_config import (
     diff,
     validate,
 )
-from broker.messages import Group
-from broker.presence import live_processes
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import Group
+from broker.redis import changes
+from broker.redis.presence import live_processes
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
 READS = ("status", "config.get", "config.schema", "config.validate", "config.history")

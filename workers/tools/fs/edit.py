@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from broker.messages import Group
+from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import WriteRules, read_text, workspace, write_text
 from workers.tools.fs.intercept import ROUTED, Interceptor, routed, virtual_path

@@ -11,7 +11,7 @@ from typing import ClassVar
 from pydantic import Field
 from wcmatch import glob as wcglob
 
-from broker.messages import Group
+from broker.protocol import Group
 from workers.paths import VCS_DIRS, Workspace
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import ReadRules, workspace

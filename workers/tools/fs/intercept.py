@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
-from broker.context_files import (
+from broker.stores.context_files import (
     CONTEXT_FILES,
     NAMES_SQL,
     AgentKind,
@@ -32,7 +32,7 @@ from broker.context_files import (
     jobs_may_write,
     owner_of,
 )
-from broker.memory_store import PATHS_SQL, MemoryStore
+from broker.stores.memory import PATHS_SQL, MemoryStore
 from workers.tool import ToolContext, ToolError
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import os
 import regex
 from pydantic import Field
 
-from broker.messages import Group
+from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.common import ReadRules, workspace
 from workers.tools.fs.find import GLOB_FLAGS, walk_files

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from broker.messages import Group
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.media.providers import (
     ProviderError,
@@ -39,7 +39,7 @@ from workers.tools.media.providers import (
 )
 
 if TYPE_CHECKING:
-    from workers.egress import Fetched
+    from workers.egress.client import Fetched
 
 MIMES = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
 REFUSAL_CODES = ("content_policy_violation", "moderation_blocked")

@@ -8,18 +8,19 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from broker.errors import RunError
 from workers.tool import ToolContext
 
 if TYPE_CHECKING:
-    from workers.egress import Fetched
+    from workers.egress.client import Fetched
 
 
-class ProviderError(Exception):
+class ProviderError(RunError):
     """This provider could not do it (not configured, HTTP error, tool missing): the next
     one is tried, and the reason is kept for the final error."""
 
 
-class Refused(Exception):
+class Refused(RunError):
     """The provider refused the content itself; another would be asked the same thing, so
     this is said to the model and no other provider is tried."""
 
@@ -68,8 +69,8 @@ def send(
     become a `ProviderError`. The status is the caller's to judge (see `check`)."""
     import httpx
 
-    from workers.egress import egress_for
-    from workers.netguard import EgressError
+    from workers.egress.client import egress_for
+    from workers.egress.netguard import EgressError
 
     timeout = httpx.Timeout(timeout_s, connect=ctx.settings.web_connect_timeout_s)
     extra: dict[str, Any] = {"timeout": timeout}

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field
 
-from broker.messages import Group
+from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
 from workers.tools.media.skill_index import index_for
 

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from broker.messages import Group
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.media.providers import ProviderError, check, send, take_quota
 
 if TYPE_CHECKING:
-    from workers.egress import Fetched, Resolver
-    from workers.netguard import EgressPolicy
+    from workers.egress.client import Fetched, Resolver
+    from workers.egress.netguard import EgressPolicy
 
 Format = Literal["opus", "mp3"]
 MIMES: dict[str, str] = {"opus": "audio/ogg", "mp3": "audio/mpeg"}
@@ -240,8 +240,8 @@ class Edge(Speaker):
     def speak(self, text: str, voice: str, fmt: str, out: Path, ctx: ToolContext) -> None:
         import asyncio
 
-        from workers.egress import checked_addresses
-        from workers.netguard import EgressError, EgressPolicy, check_host
+        from workers.egress.client import checked_addresses
+        from workers.egress.netguard import EgressError, EgressPolicy, check_host
 
         policy = EgressPolicy.from_settings(ctx.settings)
         timeout = ctx.settings.tts_timeout_s
@@ -275,7 +275,7 @@ def guarded_connector(policy: EgressPolicy, resolver: Resolver | None = None) ->
     import aiohttp
     import aiohttp.abc
 
-    from workers.egress import checked_addresses, system_resolver
+    from workers.egress.client import checked_addresses, system_resolver
 
     lookup = resolver or system_resolver
 

@@ -14,11 +14,12 @@ from typing import Protocol
 import httpx
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from broker.settings import Settings
-from workers.netguard import EgressError
+from broker.config.settings import Settings
+from broker.errors import RunError
+from workers.egress.netguard import EgressError
 
 
-class EmbedderError(Exception):
+class EmbedderError(RunError):
     """The provider is misconfigured or failed; indexing records it, search goes on
     with full text."""
 
@@ -32,7 +33,7 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> list[float]: ...
 
 
-class Answered(Exception):
+class Answered(RunError):
     """The provider answered with an error status."""
 
     def __init__(self, status: int, text: str) -> None:
@@ -77,7 +78,7 @@ class OpenAIEmbedder:
         reraise=True,
     )
     def _post(self, texts: list[str]) -> list[list[float]]:
-        from workers.egress import egress_for
+        from workers.egress.client import egress_for
 
         got = egress_for(self.settings).request(
             "POST",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field
 
-from broker.memory_store import MemoryStore
-from broker.messages import Group
+from broker.protocol import Group
+from broker.stores.memory import MemoryStore
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.intercept import Memory, virtual_path
 

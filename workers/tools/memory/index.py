@@ -15,9 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from broker.memory_store import ChunkRow, MemoryStore
-from broker.messages import Event
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import Event
+from broker.stores.memory import MemoryStore
+from broker.stores.memory_index import ChunkRow
 from workers.tools.memory import embed
 from workers.tools.memory.chunking import chunk_markdown
 
@@ -76,7 +77,7 @@ def run_index_task(
     settings: Settings, conn_store: Any, redis_client: Any, document_id: int
 ) -> None:
     """The task body: index, and on failure record it, tell the job, schedule a retry."""
-    from broker import events
+    from broker.redis import events
 
     store = MemoryStore(conn_store.conn)
     job_id = store.outbox_job(document_id)
@@ -115,7 +116,7 @@ class Sweeper(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        from broker.store import Store
+        from broker.pg.store import Store
 
         store: Store | None = None
         while not self.stopping.wait(self.settings.memory_outbox_sweep_s):

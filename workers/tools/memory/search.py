@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from broker.memory_store import Candidate, MemoryStore
-from broker.messages import Group
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.protocol import Group
+from broker.stores.memory import MemoryStore
+from broker.stores.memory_search import Candidate
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.memory import embed
 

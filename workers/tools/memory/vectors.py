@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker.memory_store import Candidate, MemoryStore
+from broker.stores.memory import MemoryStore
+from broker.stores.memory_search import Candidate
 
 MAX_SCOPES = 32  # matrices kept per process, least recently used dropped first
 

@@ -22,9 +22,11 @@ from email.utils import make_msgid
 from typing import Any
 from urllib.parse import quote
 
-from broker.settings import MessageChannel, Settings
-from workers.egress import checked_addresses, egress_for
-from workers.netguard import EgressError, EgressPolicy
+from broker.config.sections import MessageChannel
+from broker.config.settings import Settings
+from broker.errors import RunError
+from workers.egress.client import checked_addresses, egress_for
+from workers.egress.netguard import EgressError, EgressPolicy
 
 SIGNATURE_HEADER = "X-Clawq-Signature"  # sha256=<hex HMAC of "<timestamp>.<body>">
 TIMESTAMP_HEADER = "X-Clawq-Timestamp"
@@ -51,7 +53,7 @@ class Outgoing:
     attachments: list[Attachment] = field(default_factory=list)
 
 
-class ChannelError(Exception):
+class ChannelError(RunError):
     """The provider did not take the message. `sent_maybe`: the request may have reached
     it (a read timeout, a dropped connection), so it must not be sent again."""
 

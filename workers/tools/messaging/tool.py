@@ -6,7 +6,7 @@ delivers); any target other than the origin or the channel's default needs `forw
 and a reason, which is logged and noted to the origin. An edit obeys the same rule, and
 changes only a message this job or its session sent (the outbox row of that send says
 so), never one whose id came from anywhere else. Delivery goes through the outbox
-(broker/message_outbox.py), so a redelivered call returns its first send's message id and
+(broker/stores/message_outbox.py), so a redelivered call returns its first send's message id and
 sends nothing; each channel has a cluster-wide rate limit in Redis."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Literal
 from pydantic import Field
 
 from broker import keys
-from broker.message_outbox import Outbox
-from broker.messages import Group
-from broker.ratelimit import SyncWindow
+from broker.protocol import Group
+from broker.redis.ratelimit import SyncWindow
+from broker.stores.message_outbox import Outbox
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.messaging.channels import (
     Attachment,
@@ -173,7 +173,7 @@ class Message(Tool[MessageInput]):
         )
 
     def _attachments(self, args: MessageInput, ctx: ToolContext) -> list[Attachment]:
-        from broker.artifacts import ArtifactError, ArtifactStore
+        from broker.stores.artifacts import ArtifactError, ArtifactStore
 
         if len(args.attachments) > ctx.settings.message_max_attachments:
             raise ToolError(f"at most {ctx.settings.message_max_attachments} attachments")

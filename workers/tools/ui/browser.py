@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from broker import keys
-from broker.messages import Group
-from broker.presence import stale
-from workers.netguard import EgressError, EgressPolicy, check_url, domain_matches, parse_url
+from broker.protocol import Group
+from broker.redis.presence import stale
+from workers.egress.netguard import EgressError, EgressPolicy, check_url, domain_matches, parse_url
 from workers.tool import (
     Permission,
     RuleKind,
@@ -229,7 +229,7 @@ def _keeper(ctx: ToolContext) -> Keep:
     (the session whose page downloaded), this call lending only the database."""
 
     def keep(owner: Owner, name: str, data: bytes, mime: str) -> str:
-        from broker.artifacts import ArtifactError, ArtifactStore
+        from broker.stores.artifacts import ArtifactError, ArtifactStore
 
         if ctx.store is None:
             raise ToolError("no database here to keep the download")

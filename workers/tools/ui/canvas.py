@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from broker.canvas import CanvasStore, announce
-from broker.messages import Group
+from broker.protocol import Group
+from broker.stores.canvas import CanvasStore, announce
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 from workers import live
-from workers.egress import Resolver
-from workers.egress_proxy import EgressProxy
-from workers.netguard import EgressError, EgressPolicy, check_target, parse_url
+from workers.egress.client import Resolver
+from workers.egress.netguard import EgressError, EgressPolicy, check_target, parse_url
+from workers.egress.proxy import EgressProxy
 from workers.tool import ToolError
 
 log = logging.getLogger(__name__)

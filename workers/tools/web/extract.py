@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from workers.netguard import EgressError
+from workers.egress.netguard import EgressError
 
 Mode = Literal["markdown", "text"]
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})

@@ -16,8 +16,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from broker.messages import Group
-from workers.netguard import (
+from broker.protocol import Group
+from workers.egress.netguard import (
     EgressError,
     EgressPolicy,
     check_target,
@@ -101,7 +101,7 @@ class WebFetch(Tool[WebFetchInput]):
         return None
 
     def run(self, args: WebFetchInput, ctx: ToolContext) -> ToolResult:
-        from workers.egress import egress_for
+        from workers.egress.client import egress_for
         from workers.tools.web.extract import extract
         from workers.tools.web.shared import cache_get, cache_key, cache_put
 

@@ -11,25 +11,26 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import BaseModel
 
-from broker.settings import Settings
-from workers.egress import Egress, Fetched
-from workers.netguard import EgressError
-from workers.tools.web.search import Freshness
+from broker.config.settings import Settings
+from broker.errors import ConfigurationError, RunError
+from workers.egress.client import Egress, Fetched
+from workers.egress.netguard import EgressError
 
+Freshness = Literal["day", "week", "month", "year"]
 NAMES = ("brave", "tavily", "searxng", "duckduckgo")
 TRACKING = ("utm_", "fbclid", "gclid", "mc_cid", "mc_eid", "ref_src")
 
 
-class SearchConfigError(ValueError):
+class SearchConfigError(ConfigurationError, ValueError):
     """A provider is asked for but not configured: found at worker start, not at a call."""
 
 
-class ProviderError(Exception):
+class ProviderError(RunError):
     """One provider could not answer; the next is tried."""
 
 

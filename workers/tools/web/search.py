@@ -9,14 +9,13 @@ each provider's reason.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
-from broker.messages import Group
+from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
-
-Freshness = Literal["day", "week", "month", "year"]
+from workers.tools.web.providers import Freshness
 
 
 class WebSearchInput(ToolInput):
@@ -50,7 +49,7 @@ class WebSearch(Tool[WebSearchInput]):
         return True
 
     def run(self, args: WebSearchInput, ctx: ToolContext) -> ToolResult:
-        from workers.egress import egress_for
+        from workers.egress.client import egress_for
         from workers.tools.web import providers as p
         from workers.tools.web.shared import Breaker, Quota, cache_get, cache_key, cache_put
 

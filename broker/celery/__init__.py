@@ -1,0 +1,1 @@
+"""The Celery app, its transport and the asyncio publisher of task messages."""

@@ -1,0 +1,71 @@
+"""One typed settings object, built at the edge (CLI, client) and passed down.
+
+Nothing reads the environment at import time; every limit is here with the seed's default.
+"""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from broker.config.sections import (
+    AgentLoop,
+    Api,
+    Artifacts,
+    Browser,
+    Budgets,
+    Cluster,
+    Confinement,
+    Connections,
+    ContextFiles,
+    Cron,
+    CustomTools,
+    Egress,
+    Mcp,
+    Media,
+    Memory,
+    Messaging,
+    Operations,
+    Permissions,
+    Processes,
+    Providers,
+    Sandbox,
+    Secrets,
+    Subagents,
+    ToolCalls,
+    Waiting,
+    Workers,
+)
+
+
+class Settings(
+    BaseSettings,
+    Connections,
+    AgentLoop,
+    Providers,
+    ToolCalls,
+    Permissions,
+    Subagents,
+    Mcp,
+    Confinement,
+    Sandbox,
+    Egress,
+    Secrets,
+    CustomTools,
+    Api,
+    ContextFiles,
+    Memory,
+    Artifacts,
+    Browser,
+    Cron,
+    Messaging,
+    Media,
+    Processes,
+    Waiting,
+    Budgets,
+    Operations,
+    Cluster,
+    Workers,
+):
+    """All of clawq's configuration; each field is `CLAWQ_<NAME>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="CLAWQ_", extra="ignore")

@@ -1,0 +1,1 @@
+"""The PostgreSQL store: jobs, sessions, transcripts, the durable ledger, and the migrations."""

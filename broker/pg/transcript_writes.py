@@ -1,0 +1,164 @@
+"""The transcript writes of concurrent jobs: one statement per pass of the event loop.
+
+A turn writes the model's message, the calls it queues and the turn count, with the
+previous turn's tool results (their message and ledger rows) when those wait for it; a
+job's end writes its status. Each job awaits its write before it sends its calls with an
+effect (a turn is stored before they go out; reads may start while the model streams),
+and thousands of jobs write at once: the writes handed in within one pass of the loop go
+to PostgreSQL as one statement, one transaction, one commit (broker/redis/batching.py).
+
+A batch that fails on a row (a constraint, bad data) is written again one write at a
+time, so only the write at fault fails. A PostgreSQL that is away (down, restarting) is
+waited for, up to `outage_s`: every statement is idempotent (inserts do nothing on a
+conflict), so a batch whose commit was lost with its connection is written again safely.
+Past that the whole batch fails, and its jobs pause for the recovery sweep.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from broker import fastjson
+from broker.outage import async_retrying, postgres_down
+from broker.protocol import CallOutcome
+from broker.redis.batching import PassBatcher
+
+# `b` is the batch, one row per write. Every table is reached through its key (`= ANY` of
+# the batch's jobs, then the row's own key): the plan never scans a table, whatever the
+# recordset's (unknown to the planner) size.
+WRITE_BATCH = (
+    "WITH b AS MATERIALIZED (SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS b("
+    " session text, job text, seq int, role text, content jsonb, turn int, calls jsonb,"
+    " iterations int, r_seq int, r_turn int, r_content jsonb, outcomes jsonb, status text,"
+    " final_text text, error text)),"
+    # the previous turn's results: their message, and their calls' ledger rows
+    " r AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
+    " SELECT session, r_seq, job, 'tool', r_content FROM b WHERE r_seq IS NOT NULL"
+    " ON CONFLICT (session_id, seq) DO NOTHING),"
+    " f AS (UPDATE tool_calls t SET status = 'done', is_error = o.is_error,"
+    " for_llm = o.for_llm, for_user = o.for_user, metadata = o.metadata,"
+    " queue = coalesce(nullif(o.queue, ''), t.queue), worker = o.worker,"
+    " attempts = o.attempts, decision = o.decision, decided_by = o.decided_by,"
+    " decision_reason = o.decision_reason, started_at = to_timestamp(nullif(o.started_at, 0)),"
+    " finished_at = to_timestamp(o.finished_at)"
+    " FROM b CROSS JOIN LATERAL jsonb_to_recordset(b.outcomes) AS o(job_id text, turn int,"
+    " call_id text, is_error bool, for_llm text, for_user text, metadata jsonb, queue text,"
+    " worker text, attempts int, decision text, decided_by text, decision_reason text,"
+    " started_at float8, finished_at float8)"
+    " WHERE t.job_id = ANY(%(jobs)s) AND t.job_id = b.job AND t.turn = b.r_turn"
+    " AND t.call_id = o.call_id AND o.job_id = t.job_id AND o.turn = t.turn),"
+    # the new message, the calls it queues, the turn count
+    " m AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
+    " SELECT session, seq, job, role, content FROM b WHERE seq IS NOT NULL"
+    " ON CONFLICT (session_id, seq) DO NOTHING),"
+    " c AS (INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status, queue)"
+    " SELECT b.job, b.turn, c.id, c.seq, c.name, c.input, 'queued', c.queue"
+    " FROM b CROSS JOIN LATERAL jsonb_to_recordset(b.calls) AS c(id text, seq int,"
+    " name text, input jsonb, queue text) ON CONFLICT DO NOTHING),"
+    # the turn count; at the job's end, its status too
+    " i AS (UPDATE jobs SET iterations = coalesce(b.iterations, jobs.iterations),"
+    " status = coalesce(b.status, jobs.status), final_text = coalesce(b.final_text,"
+    " jobs.final_text), error = coalesce(b.error, jobs.error), finished_at = CASE"
+    " WHEN b.status IS NULL THEN jobs.finished_at ELSE now() END FROM b"
+    " WHERE jobs.id = ANY(%(jobs)s) AND jobs.id = b.job"
+    " AND (b.iterations IS NOT NULL OR b.status IS NOT NULL))"
+    " SELECT 1"
+)
+
+
+class Results(NamedTuple):
+    """A turn's tool results as the transcript stores them: the tool message (at `seq`)
+    and the outcomes of its calls, in the model's order."""
+
+    seq: int
+    content: dict[str, Any]
+    outcomes: list[CallOutcome]
+
+
+class Write(NamedTuple):
+    """One job's write: a message (when `role`), and results that wait for it; or its end
+    (when `status`)."""
+
+    session: str
+    job: str
+    seq: int | None = None
+    role: str = ""
+    content: dict[str, Any] | None = None
+    turn: int = 0
+    calls: list[tuple[str, str, dict[str, Any], str]] | None = None
+    iterations: int | None = None
+    results: Results | None = None
+    status: str | None = None
+    final_text: str = ""
+    error: str = ""
+
+    def json(self) -> str:
+        """This write as a row of the batch (outcomes as pydantic writes them)."""
+        row: dict[str, Any] = {
+            "session": self.session,
+            "job": self.job,
+            "iterations": self.iterations,
+        }
+        if self.role:
+            row.update(seq=self.seq, role=self.role, content=self.content, turn=self.turn)
+        if self.status is not None:
+            row.update(status=self.status, final_text=self.final_text, error=self.error)
+        if self.calls:
+            row["calls"] = [
+                {"id": c[0], "seq": n, "name": c[1], "input": c[2], "queue": c[3]}
+                for n, c in enumerate(self.calls)
+            ]
+        outcomes = ""
+        if (r := self.results) is not None:
+            turn = r.outcomes[0].turn if r.outcomes else 0
+            row.update(r_seq=r.seq, r_turn=turn, r_content=r.content)
+            outcomes = ',"outcomes":[' + ",".join(o.model_dump_json() for o in r.outcomes) + "]"
+        text = fastjson.dumps(row)
+        return text[:-1] + outcomes + "}"
+
+
+class TranscriptWrites(PassBatcher[Write]):
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], in_flight: int = 2, outage_s: float = 0.0
+    ) -> None:
+        super().__init__(in_flight)
+        self.pool = pool
+        self.outage_s = outage_s
+
+    async def write(self, write: Write) -> None:
+        await self.submit(write)
+
+    async def send(self, items: list[Write]) -> list[Any]:
+        try:
+            await self._execute(items)
+            return [None] * len(items)
+        except psycopg.OperationalError:
+            raise  # the connection, not a row: every write of the batch fails
+        except psycopg.Error as exc:
+            if len(items) == 1:
+                return [exc]
+        results: list[Any] = []
+        for item in items:  # one at a time: only the write at fault fails
+            try:
+                await self._execute([item])
+                results.append(None)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                results.append(exc)
+        return results
+
+    async def _execute(self, items: list[Write]) -> None:
+        batch = "[" + ",".join(item.json() for item in items) + "]"
+        jobs = list({item.job for item in items})
+        if not self.outage_s:
+            async with self.pool.connection() as conn:
+                await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})
+            return
+        async for attempt in async_retrying("transcript write", self.outage_s, postgres_down):
+            with attempt:
+                async with self.pool.connection() as conn:
+                    await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})

@@ -1,0 +1,231 @@
+"""Typed messages that cross process boundaries (queue, Redis, client)."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from broker.config.policy import PermissionMode
+
+
+class Limits(BaseModel):
+    """A tree's budget; 0 means no limit on that measure."""
+
+    turns: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class Usage(BaseModel):
+    turns: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    over: str = ""  # the measure that went over its limit, or ''
+
+    def describe(self, limits: Limits) -> str:
+        parts = [f"{self.turns} model turns", f"{self.tokens} tokens"]
+        if limits.cost_usd or self.cost_usd:
+            parts.append(f"${self.cost_usd:.4f}")
+        return ", ".join(parts)
+
+
+class Group(StrEnum):
+    """Tool groups; each is one Celery queue. `agents` carries agent runs, not tools."""
+
+    fs = "fs"
+    runtime = "runtime"
+    web = "web"
+    memory = "memory"
+    sessions = "sessions"
+    ui = "ui"
+    automation = "automation"
+    messaging = "messaging"
+    media = "media"  # image, tts, skill_search, nodes: the seed's "other tools"
+    mcp = "mcp"
+
+
+AGENTS_QUEUE = "agents"
+AGENT_RUN_TASK = "clawq.agent_run"
+ANNOUNCE_TASK = "clawq.announce"
+
+
+class CallContext(BaseModel):
+    """Per-call values a tool may read; never shared mutable state (goclaw §1)."""
+
+    workspace: str
+    user_id: str = ""
+    agent_id: str = "main"
+    channel: str = ""
+    chat_id: str = ""
+    peer_kind: str = ""
+    sandbox_key: str = ""
+    writable_paths: list[str] = Field(
+        default_factory=list, description="protected patterns (e.g. .git/**) made writable"
+    )
+    hidden_paths: list[str] = Field(
+        default_factory=list, description="workspace globs that read tools must not read"
+    )
+    network: bool = Field(False, description="confined commands may use the network")
+    confined: bool = Field(
+        False,
+        description="allowed only because commands run confined: never run it unconfined",
+    )
+
+
+class CallEnvelope(BaseModel):
+    """What a worker receives for one tool call."""
+
+    call_id: str
+    job_id: str
+    turn: int = Field(0, description="model turn of the job; with call_id, the ledger key")
+    session_id: str
+    agent_id: str = "main"
+    user_id: str = ""
+    depth: int = 0
+    tool: str
+    task: str = ""  # the Celery task; empty: clawq.tool.<tool> (MCP tools share one)
+    input: dict[str, Any]
+    context: CallContext
+    timeout_s: float
+    deadline: float = Field(description="epoch seconds after which the result is useless")
+    reply_to: str = Field(description="Redis list the awaiting orchestrator reads")
+    max_deliveries: int = 3
+    sent_at: float = Field(0.0, description="epoch seconds it was sent (queue wait metrics)")
+    resent: bool = Field(
+        False, description="sent again (its runner died, a dead letter's retry): claimed first"
+    )
+    trace: dict[str, str] = Field(default_factory=dict, description="W3C trace context")
+
+
+class CallOutcome(BaseModel):
+    """A finished call as pushed back to the orchestrator and kept in the ledger."""
+
+    call_id: str
+    job_id: str
+    turn: int = 0
+    for_llm: str
+    for_user: str = ""
+    is_error: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    queue: str = ""
+    worker: str = ""
+    attempts: int = 1
+    decision: str = ""  # how the call was permitted (or refused): the audit trail
+    decided_by: str = ""
+    decision_reason: str = ""
+    started_at: float = 0.0
+    finished_at: float = Field(default_factory=time.time)
+
+
+JobStatus = Literal[
+    "queued", "running", "completed", "failed", "cancelled", "max_iterations", "budget_exceeded"
+]
+FINAL_STATUSES: frozenset[str] = frozenset(
+    {"completed", "failed", "cancelled", "max_iterations", "budget_exceeded"}
+)
+
+
+class JobSpec(BaseModel):
+    """Everything needed to run a job; stored in PostgreSQL, referenced by id on the queue."""
+
+    prompt: str
+    model: str = "scripted"
+    script: dict[str, Any] | None = None
+    workspace: str
+    allow: list[str] = Field(default_factory=list)
+    ask: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    permission_mode: PermissionMode = "default"
+    agent_id: str = "main"
+    user_id: str = ""
+    # submitted with an admin's key (or by an operator's direct client): no user ceiling,
+    # and it may ask for what only admins may do (an admin still approves each such call)
+    admin: bool = False
+    max_iterations: int = 20
+    system: str = ""
+    # where the job's input came from: `message` answers there by default and refuses to
+    # send text to it (that is the job's answer)
+    channel: str = ""
+    chat_id: str = ""
+    # the tree's budget (this job and every subagent below it); None: the settings'
+    budget: Limits | None = None
+    # a subagent: the job that spawned it, the root of its tree, the parent's session
+    parent_id: str = ""
+    root_id: str = ""
+    parent_session: str = ""
+    root_session: str = ""  # whose rate limit the whole tree shares
+    depth: int = 0
+    label: str = ""
+
+
+class Subagent(BaseModel):
+    """One node of a job's subagent tree (`Job.subagents()`)."""
+
+    id: str
+    label: str
+    depth: int
+    status: JobStatus
+    archived: bool = False
+    parent_id: str
+    final_text: str = ""
+    error: str = ""
+    children: list[Subagent] = Field(default_factory=list)
+
+
+class ToolCallRecord(BaseModel):
+    id: str
+    name: str
+    input: dict[str, Any]
+    is_error: bool
+    output: str
+    queue: str = ""
+    worker: str = ""
+    attempts: int = 0
+    decision: str = ""
+    decided_by: str = ""
+    started_at: float = 0.0  # on the worker (epoch seconds); 0 when no worker ran it
+    finished_at: float = 0.0
+
+
+class JobResult(BaseModel):
+    job_id: str
+    status: JobStatus
+    final_text: str = ""
+    error: str = ""
+    iterations: int = 0
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    usage: Usage | None = None  # the whole tree's, from its budget counters
+
+
+EventType = Literal[
+    "job_queued",
+    "job_started",
+    "turn_started",
+    "model_text",
+    "tool_call_queued",
+    "tool_call_finished",
+    "tool_call_denied",
+    "approval_requested",
+    "approval_resolved",
+    "steered",
+    "subagent_spawned",
+    "subagent_finished",
+    "announce_delivered",
+    "memory_index_failed",
+    "tool_call_waiting",
+    "budget_exceeded",
+    "job_finished",
+]
+
+
+class Event(BaseModel):
+    """One entry of a job's event stream; `id` is the Redis stream id (resume point)."""
+
+    id: str = ""
+    type: EventType
+    job_id: str
+    at: float = Field(default_factory=time.time)
+    data: dict[str, Any] = Field(default_factory=dict)

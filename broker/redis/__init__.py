@@ -1,0 +1,2 @@
+"""Redis primitives: the hot ledger, queues, events, heartbeats, counters and limits (Lua where
+atomic)."""

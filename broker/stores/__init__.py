@@ -1,0 +1,1 @@
+"""One PostgreSQL store per feature, named as the feature."""

@@ -1,0 +1,1 @@
+"""Administration, implemented once for the CLI, the API and the remote client."""

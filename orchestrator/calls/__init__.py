@@ -1,0 +1,2 @@
+"""Everything a call passes before a worker runs it: gate, rules, permissions, hooks, approvals,
+tenancy, dispatch."""

@@ -1,0 +1,1 @@
+"""The `clawq` command line: one module per command group, and the local stack."""

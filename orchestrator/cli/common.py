@@ -1,0 +1,150 @@
+"""What every command shares: its settings (the environment, else a running `clawq up`),
+its logging, and what it prints.
+
+What the CLI prints. Data goes to stdout: a table, or JSON with `--json`; diagnostics
+(progress, events, confirmations of what was done) go to stderr.
+
+A table on a terminal is drawn by rich; into a pipe it is plain columns, padded but never
+cut, so `clawq mcp tools | grep x` sees whole names and `awk` sees whole fields.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from broker.config.settings import Settings
+from broker.errors import RequestError
+from broker.pg.store import Store
+from broker.protocol import Group
+
+if TYPE_CHECKING:
+    from orchestrator.client import LocalClient
+
+diagnostics = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    records: Any = None,
+    as_json: bool = False,
+) -> None:
+    """Print rows under `columns`; with `as_json`, `records` (or the rows as objects)."""
+    rows = [list(map(_cell, row)) for row in rows]
+    if as_json:
+        data = (
+            records if records is not None else [dict(zip(columns, r, strict=True)) for r in rows]
+        )
+        click.echo(json.dumps(data, default=str))
+        return
+    if sys.stdout.isatty():
+        drawn = Table(*columns)
+        for row in rows:
+            drawn.add_row(*row)
+        Console().print(drawn)
+        return
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    for line in [list(columns), *rows]:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+
+
+def json_option(fn: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        fn
+    )
+
+
+URL_VARS = ("CLAWQ_REDIS_URL", "CLAWQ_DATABASE_URL")
+
+
+def settings_for(urls: dict[str, str]) -> Settings:
+    """Settings on the given service URLs (embedded ones), else from the environment."""
+    if not urls:
+        return settings_from_env()
+    return Settings(redis_url=urls["CLAWQ_REDIS_URL"], database_url=urls["CLAWQ_DATABASE_URL"])
+
+
+def settings_from_env() -> Settings:
+    """Settings for a command talking to a cluster: the environment, else a running
+    embedded stack started by `clawq up`, else the local default services."""
+    from orchestrator.cli.embedded import read_state
+
+    if not any(os.environ.get(v) for v in URL_VARS):
+        state = read_state()
+        if state:
+            return settings_for(state)
+    return Settings()
+
+
+def log_option(fn: Any) -> Any:
+    return click.option(
+        "--log-level",
+        default="info",
+        show_default=True,
+        type=click.Choice(["debug", "info", "warning", "error"]),
+    )(fn)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+
+@contextmanager
+def refused_as_usage() -> Iterator[None]:
+    """A refused request is one line on stderr that says what to change, never a traceback."""
+    try:
+        yield
+    except RequestError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@contextmanager
+def cluster() -> Iterator[LocalClient]:
+    """The client of the cluster this command talks to (see `settings_from_env`)."""
+    from orchestrator.client import LocalClient
+
+    with LocalClient(settings_from_env()) as client, refused_as_usage():
+        yield client
+
+
+@contextmanager
+def database() -> Iterator[tuple[Settings, Store]]:
+    """The settings and the migrated store of the cluster this command talks to: for the
+    operator's commands that read PostgreSQL directly (keys, config, dlq, memory)."""
+    settings = settings_from_env()
+    store = Store(settings.database_url)
+    try:
+        store.migrate()
+        yield settings, store
+    finally:
+        store.close()
+
+
+def group_option(help: str) -> Callable[[F], F]:
+    """`--group G`: one of the tool groups."""
+    return click.option(
+        "--group", "group", required=True, type=click.Choice([g.value for g in Group]), help=help
+    )

@@ -1,0 +1,170 @@
+"""Jobs from the command line: `clawq run` (submit, follow, answer asks inline), `approve`,
+`steer`, `cancel`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from broker.protocol import Event, JobResult
+from orchestrator.cli.common import cluster, refused_as_usage
+from orchestrator.cli.common import diagnostics as console
+
+
+def result_json(result: JobResult) -> dict[str, Any]:
+    return {
+        "job_id": result.job_id,
+        "status": result.status,
+        "final_text": result.final_text,
+        "iterations": result.iterations,
+        "error": result.error,
+        "tool_calls": [c.model_dump() for c in result.tool_calls],
+        "usage": result.usage.model_dump() if result.usage else None,
+    }
+
+
+ANSWER_KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
+
+
+def ask_inline(job: Any, event: Event) -> None:
+    """Ask the person at the terminal, as Claude Code does, and send the answer."""
+    from broker.errors import RequestError
+
+    d = event.data
+    console.print(f"  [dim]input:[/] {escape(json.dumps(d['input'])[:400])}")
+    choice = click.prompt(
+        "  allow [o]nce, allow [a]lways, or [d]eny?",
+        type=click.Choice(list(ANSWER_KEYS)),
+        show_choices=False,
+        err=True,
+    )
+    try:
+        job.approve(d["request_id"], ANSWER_KEYS[choice])
+    except RequestError as exc:  # e.g. it timed out while the person thought
+        console.print(f"[red]{escape(str(exc))}[/]")
+
+
+def show_event(event: Event, interactive: bool = False) -> None:
+    d = event.data
+    if event.type == "tool_call_queued":
+        args = escape(json.dumps(d["input"])[:120])
+        console.print(f"[cyan]→ {d['name']}[/] {args} [dim]({d['queue']})[/]")
+    elif event.type == "tool_call_finished":
+        mark = "[red]✗[/]" if d["is_error"] else "[green]✓[/]"
+        first = d["output"].splitlines()[0][:100] if d["output"] else ""
+        console.print(f"{mark} {d['name']} [dim]{d['worker']}[/] {escape(first)}")
+    elif event.type == "model_text":
+        console.print(f"[bold]model:[/] {escape(d['text'])}")
+    elif event.type == "tool_call_denied":
+        console.print(f"[red]✗ {d['name']} refused[/] [dim]({d['layer']})[/] {escape(d['reason'])}")
+    elif event.type == "approval_requested":
+        console.print(f"[yellow]? {d['name']} needs approval[/]: {escape(d['reason'])}")
+        if not interactive:
+            console.print(
+                f"  clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
+            )
+    elif event.type == "job_finished":
+        error = escape(d.get("error") or "")
+        console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
+
+
+@click.command()
+@click.argument("prompt")
+@click.option(
+    "--model",
+    default="scripted",
+    show_default=True,
+    help="scripted, openai[:name] or anthropic[:name]",
+)
+@click.option(
+    "--script",
+    "script_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSON script for the scripted model.",
+)
+@click.option("--workspace", type=click.Path(file_okay=False), default=".", show_default=True)
+@click.option("--allow", multiple=True, help="Allow rule, e.g. exec or 'exec(git *)' (repeatable).")
+@click.option(
+    "--ask",
+    multiple=True,
+    help="Ask rule: such calls wait for an answer (asked here on a terminal, or clawq approve).",
+)
+@click.option("--deny", multiple=True, help="Deny rule, e.g. 'read_file(./secrets/**)'.")
+@click.option(
+    "--permission-mode",
+    default="default",
+    show_default=True,
+    type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions"]),
+)
+@click.option("--max-iterations", type=int, default=None)
+@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def run(
+    prompt: str,
+    script_file: str | None,
+    workspace: str,
+    timeout: float,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Submit a job to the configured cluster, show its events, print the result."""
+    script = json.loads(Path(script_file).read_text()) if script_file else None
+    with cluster() as client:
+        with refused_as_usage():
+            job = client.submit(
+                prompt, script=script, workspace=os.path.abspath(workspace), **options
+            )
+        if not as_json:
+            interactive = sys.stdin.isatty()  # a person is there: ask inline
+            console.print(f"job {job.id}")
+            for event in job.events():
+                show_event(event, interactive)
+                if interactive and event.type == "approval_requested":
+                    ask_inline(job, event)
+        result = job.wait(timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(result_json(result)))
+    else:
+        click.echo(result.final_text or result.error)
+        if result.usage is not None:  # the whole tree's, with its subagents
+            u = result.usage
+            cost = f", ${u.cost_usd:.4f}" if u.cost_usd else ""
+            console.print(f"usage: {u.turns} model turns, {u.tokens} tokens{cost}")
+    sys.exit(0 if result.status == "completed" else 1)
+
+
+@click.command()
+@click.argument("job_id")
+@click.argument("request_id")
+@click.argument("decision", type=click.Choice(["allow-once", "allow-always", "deny"]))
+@click.option("--by", default="", help="Who answers (default: this user).")
+def approve(job_id: str, request_id: str, decision: str, by: str) -> None:
+    """Answer a job's approval request (see its approval_requested event)."""
+    with cluster() as client:
+        client.job(job_id).approve(request_id, decision, by=by)
+    console.print(f"{decision} sent for {request_id}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.argument("message")
+def steer(job_id: str, message: str) -> None:
+    """Redirect a running job: stop its current work and go on with MESSAGE."""
+    with cluster() as client:
+        client.job(job_id).steer(message)
+    console.print(f"steered {job_id}")
+
+
+@click.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a job: no further model turns; it ends `cancelled`."""
+    with cluster() as client:
+        client.job(job_id).cancel()
+    console.print(f"cancel requested for {job_id}")

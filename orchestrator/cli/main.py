@@ -1,0 +1,31 @@
+"""The `clawq` command line: the group and its commands, each from the module of its kind."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli.config import config, secret_key
+from orchestrator.cli.dlq import dlq
+from orchestrator.cli.jobs import approve, cancel, run, steer
+from orchestrator.cli.keys import keys
+from orchestrator.cli.local import demo, up
+from orchestrator.cli.mcp import mcp
+from orchestrator.cli.memory import context, memory
+from orchestrator.cli.ops import health, migrate, status
+from orchestrator.cli.processes import api, flower, orchestrator, worker
+from orchestrator.cli.tools import tools
+
+
+@click.group()
+def main() -> None:
+    """clawq: distributed tool execution for AI agents, on Celery."""
+
+
+for command in (
+    worker, orchestrator, api, flower, up, demo, status, run, approve, steer, cancel,
+    secret_key, config, dlq, memory, context, mcp, tools, keys, health, migrate,
+):  # fmt: skip
+    main.add_command(command)
+
+if __name__ == "__main__":
+    main()

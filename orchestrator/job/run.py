@@ -1,0 +1,178 @@
+"""The agent loop of one job: model turn, tool calls through the queues, repeat.
+
+Every message is persisted before the next step, so a job can be resumed from its
+transcript; tool calls are keyed by job, turn and call id so a resumed turn is answered
+from the ledger instead of running its calls again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from broker import keys
+from broker.config.policy import PermissionRules
+from broker.obs import tracing
+from broker.obs.metrics import metrics
+from broker.stores.mcp import accessible_tools
+from orchestrator.calls import tenancy
+from orchestrator.calls.gate import Gate
+from orchestrator.calls.permissions import exec_approvals, hidden_paths, job_rules, network_allowed
+from orchestrator.calls.policy import PolicyEngine, PolicyError
+from orchestrator.calls.rules import RuleError
+from orchestrator.conversation import Message
+from orchestrator.job.finish import JobFinish
+from orchestrator.job.prompt import system_prompt
+from orchestrator.job.state import JobCancelled
+from orchestrator.job.turn import TurnCalls
+from orchestrator.providers import ModelError, ModelRequest, provider_for
+from workers.confine.host import contains
+from workers.tools.mcp.tool import tool_class
+
+log = logging.getLogger("clawq.loop")
+
+
+class JobRun(JobFinish):
+    async def load_tools(self) -> None:
+        """The agent's custom tools and the MCP tools granted to its agent or user join
+        this job's registry."""
+        s, spec = self.s, self.spec
+        if s.live is not None:  # a new live configuration applies from the next job on
+            await s.live.refresh(s)
+        rows, custom, self.system = await asyncio.gather(  # independent: at once
+            accessible_tools(s.store.pool, spec.agent_id, spec.user_id),
+            s.custom.for_agent(spec.agent_id),
+            system_prompt(s.store.pool, s.settings, spec.agent_id, spec.user_id, spec.system),
+        )
+        timeout = s.settings.mcp_call_timeout_s
+        extra = [*custom, *(tool_class(r, timeout) for r in rows)]
+        self.registry, self.policy = s.registry, s.policy
+        if extra:
+            self.registry = s.registry.extended(extra)
+            self.policy = PolicyEngine(self.registry, s.settings.tool_policy)
+
+    def prepare(self) -> None:
+        """What this job may see and do; a bad rule or policy fails the job clearly."""
+        s, spec = self.s, self.spec
+        tenancy.check(spec, s.settings)  # every way a job is made passes here
+        visible = self.policy.visible(
+            spec.agent_id,
+            spec.model.partition(":")[0],
+            depth=spec.depth,
+            max_depth=s.settings.max_spawn_depth,
+        )
+        job = PermissionRules(allow=spec.allow, ask=spec.ask, deny=spec.deny)
+        self.rules = job_rules(s.settings, job, spec.agent_id, spec.user_id)
+        self.hidden = hidden_paths(self.rules, spec.workspace)
+        self.network = network_allowed(s.settings, self.rules)
+        self.tools = sorted(visible)
+        # what the model is told about them, built once per job rather than every turn
+        self.openai_tools = self.registry.openai_tools(self.tools)
+        self.anthropic_tools = self.registry.anthropic_tools(self.tools)
+        self.gate = Gate(
+            self.job_id,
+            self.session_id,
+            spec,
+            self.registry,
+            visible,
+            self.rules,
+            s.hooks,
+            s.approvals,
+            s.store,
+            s.settings.approval_timeout_s,
+            self.emit,
+            exec_approvals(s.settings)[1],
+            contains(s.settings),
+        )
+
+    async def run(self) -> None:
+        """Run (or resume) the job to a final status, persisting each step."""
+        rows, self.transcript = self.transcript, None
+        if rows is None:  # a run after the first (steered): read it again
+            await self.settle()
+            rows = await self.s.store.transcript(self.session_id)
+        self.messages = [
+            Message.from_row(r["role"], r["content"], r.get("job_id", "")) for r in rows
+        ]
+        self._turns = sum(self._counts(m) for m in self.messages)
+        resumed = any(m.job_id == self.job_id for m in self.messages)
+        self.defer("job_started", resumed=resumed)
+        async with self.s.redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.session_active(self.session_id), self.job_id)  # where messages go
+            pipe.delete(keys.session_ended(self.session_id))  # a later job of the session
+            self.take_pending(pipe)
+            self.s.task_events.started(pipe, self.job_id, self.spec)
+            await pipe.execute()
+        if not resumed:
+            await self.append(Message(role="user", text=self.spec.prompt, job_id=self.job_id))
+        m = metrics()
+        m.jobs_running.inc()
+        try:
+            with tracing.span("job", {"clawq.job": self.job_id, "clawq.agent": self.spec.agent_id}):
+                try:
+                    await self.load_tools()
+                    self.prepare()
+                    status, text, error = await self.loop()
+                except (ModelError, RuleError, PolicyError, tenancy.TenancyError) as exc:
+                    status, text, error = "failed", "", str(exc)
+                except JobCancelled:
+                    status, text, error = "cancelled", "", "cancelled by request"
+                await self.finish(status, text, error)
+        finally:
+            m.jobs_running.dec()
+        m.jobs.labels(status).inc()
+
+    async def loop(self) -> tuple[str, str, str]:
+        provider = provider_for(self.spec.model, self.spec.script, self.s.settings, self.s.http)
+        last = self.messages[-1]
+        if last.role == "assistant" and last.tool_calls:  # resumed mid-turn
+            self.resumed_turn = self.turns - 1  # its calls may have been sent: resends
+            await self.run_calls(self.turns - 1, last.tool_calls)
+        elif last.role == "assistant":
+            return "completed", last.text, ""
+        m, kind = metrics(), self.spec.model.partition(":")[0]
+        limits, over = self.limits, ""
+        while True:
+            if self.turns >= self.spec.max_iterations:
+                return "max_iterations", "", f"stopped after {self.turns} model turns"
+            if limits and not over:  # the turn is charged before the model is asked
+                over = await self.charge(turns=1)
+            if over:
+                self.defer("budget_exceeded", reason=over)
+                return "budget_exceeded", "", over
+            turn = self.turns
+            started = time.monotonic()
+            with tracing.span("turn", {"clawq.turn": turn + 1}):
+                await self.begin_turn(turn)
+                request = ModelRequest(
+                    system=self.system,
+                    messages=self.messages,
+                    openai_tools=self.openai_tools,
+                    anthropic_tools=self.anthropic_tools,
+                    turn=turn,
+                )
+                # reads start as the stream delivers them, effects once the turn is stored
+                self.current = current = TurnCalls(self, turn)
+                try:
+                    asked = time.monotonic()
+                    reply = await provider.complete(request, on_tool_call=current.add)
+                    m.model_seconds.labels(kind).observe(time.monotonic() - asked)
+                    if reply.usage is not None:  # tokens, known once it answered
+                        m.model_tokens.labels(kind, "input").inc(reply.usage.input)
+                        m.model_tokens.labels(kind, "output").inc(reply.usage.output)
+                        over = await self.charge(turns=0 if limits else 1, usage=reply.usage)
+                    reply.job_id = self.job_id
+                    if reply.text:
+                        self.defer("model_text", turn=turn + 1, text=reply.text)
+                    await self.append(reply, turn=turn)
+                except BaseException:
+                    current.cut()  # not stored: what waited for it never goes
+                    raise
+                if reply.tool_calls:
+                    await self.current.finish(reply.tool_calls)
+                self.current = None
+            m.turns.inc()
+            m.turn_seconds.observe(time.monotonic() - started)
+            if not reply.tool_calls and await self.close():
+                return "completed", reply.text, ""

@@ -1,0 +1,125 @@
+"""A job's state as its run holds it, and its events: what every part of the run (its
+transcript, its calls, its end) reads and adds to."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from celery import Celery
+
+from broker.config.settings import Settings
+from broker.errors import Signal
+from broker.pg.store import AsyncStore
+from broker.pg.transcript_writes import Results
+from broker.protocol import (
+    Event,
+    EventType,
+    JobSpec,
+)
+from broker.redis import events
+from broker.redis.announce import AnnounceQueue
+from broker.redis.budget import Budget
+from broker.redis.ratelimit import RateLimiter
+from orchestrator.calls.approvals import Approvals
+from orchestrator.calls.dispatch import Dispatcher
+from orchestrator.calls.gate import Gate
+from orchestrator.calls.hooks import Hooks
+from orchestrator.calls.policy import PolicyEngine
+from orchestrator.conversation import Message
+from orchestrator.job.tools import CustomCatalog
+from orchestrator.job.turn import TurnCalls
+from orchestrator.services.task_events import AgentTaskEvents
+from workers.registry import Registry
+
+
+@dataclass
+class Services:
+    """What every job of one orchestrator process shares."""
+
+    settings: Settings
+    store: AsyncStore
+    redis: aioredis.Redis
+    dispatcher: Dispatcher
+    registry: Registry
+    http: httpx.AsyncClient
+    policy: PolicyEngine
+    hooks: Hooks
+    approvals: Approvals
+    limiter: RateLimiter
+    app: Celery
+    task_events: AgentTaskEvents
+    announcements: AnnounceQueue  # synchronous (shared with workers): call it in a thread
+    custom: CustomCatalog
+    live: Any = None  # orchestrator.live.LiveSettings: swaps settings/policy/hooks/limiter
+    budget: Budget | None = None  # made on the first charge (its script's hash, once)
+
+
+class JobCancelled(Signal):
+    pass
+
+
+class JobState:
+    # what `JobRun.prepare` decides for the job's calls
+    rules: Any
+    hidden: Any
+    network: bool
+    tools: list[str]
+    openai_tools: list[dict[str, Any]]
+    anthropic_tools: list[dict[str, Any]]
+    gate: Gate
+
+    def __init__(
+        self,
+        services: Services,
+        job_id: str,
+        session_id: str,
+        spec: JobSpec,
+        transcript: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.s = services
+        self.job_id = job_id
+        self.session_id = session_id
+        self.spec = spec
+        self.messages: list[Message] = []
+        self._turns = 0
+        self.transcript = transcript  # read when the job was accepted; used by its first run
+        self.pending: list[Event] = []  # events that ride on the job's next round trip
+        self.finished = False  # its end is recorded and its lease given up
+        self.writing: asyncio.Future[None] | None = None  # the transcript write in flight
+        self.unwritten: Results | None = None  # a turn's results held for the next write
+        self.write_timer: asyncio.TimerHandle | None = None
+        self.current: TurnCalls | None = None  # the calls of the turn in flight
+        self.resumed_turn = -1  # a turn found unanswered in the transcript when resumed
+        self.parallel = asyncio.Semaphore(services.settings.max_parallel_calls)
+        self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
+        self.registry, self.policy = services.registry, services.policy  # + its MCP tools
+        self.system = spec.system  # + its agent's context files (load_tools)
+
+    async def emit(self, type_: EventType, **data: Any) -> None:
+        """Emit now (after what is pending, in order)."""
+        self.defer(type_, **data)
+        await self.flush()
+
+    def defer(self, type_: EventType, **data: Any) -> None:
+        """Emit with the job's next round trip to Redis: a turn's start, a call's publish,
+        the job's end. Only for events that nothing waits on in between."""
+        self.pending.append(Event(type=type_, job_id=self.job_id, data=data))
+
+    def take_pending(self, pipe: Any) -> None:
+        """Put the pending events in `pipe`, first."""
+        batch, self.pending = self.pending, []
+        events.add(pipe, batch, self.s.settings.events_ttl_s)
+
+    async def flush(self) -> None:
+        if self.pending:
+            async with self.s.redis.pipeline(transaction=False) as pipe:
+                self.take_pending(pipe)
+                await pipe.execute()
+
+    def _queue_of(self, name: str) -> str:
+        tool = self.registry.get(name)
+        return tool.group.value if tool else ""

@@ -1,0 +1,1 @@
+"""Custom tools: shell templates defined at run time, on the runtime queue."""

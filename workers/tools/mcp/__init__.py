@@ -1,0 +1,1 @@
+"""Group mcp: MCP servers' tools, their sessions and results."""
