@@ -200,7 +200,9 @@ def one_job(bench: Any, wait_for: Any, workspace: str) -> dict[str, list[float]]
     next start (the first ten turns warm up)."""
     turn = {"tool_calls": [{"id": "c", "name": "list_files", "input": {}}]}
     script = {"turns": [turn] * TURNS + [{"text": "done"}]}
-    spec = JobSpec(prompt="turns", script=script, workspace=workspace, max_iterations=TURNS + 1)
+    spec = JobSpec(
+        prompt="turns", script=script, workspace=workspace, max_iterations=TURNS + 1, admin=True
+    )
     (job_id,) = submit_many(bench, [spec])
     wait_for(lambda: status(bench, job_id) in FINAL_STATUSES, timeout=600)
     if status(bench, job_id) != "completed":
@@ -325,7 +327,7 @@ def many_jobs(
         wait_for(bench.workers_ready("fs", FS_WORKERS))
         wait_for(lambda: orchestrators(bench) >= n_orchestrators)
         time.sleep(1.0)  # let start-up work settle before the clock starts
-        spec = JobSpec(prompt="bench", script=many_script(), workspace=workspace)
+        spec = JobSpec(prompt="bench", script=many_script(), workspace=workspace, admin=True)
         specs = [spec] * jobs
         cpu_before = [tree_cpu([p.pid]) for p in orchs], tree_cpu([fs.pid]), machine_cpu()
         started = time.perf_counter()
