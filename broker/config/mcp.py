@@ -12,12 +12,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from broker.config.settings import Settings
 from broker.errors import ConfigurationError
 
 Transport = Literal["stdio", "sse", "streamable-http"]
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SERVER_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,40}$")
 TRANSPORT_ALIASES = {"http": "streamable-http", "streamableHttp": "streamable-http"}
+# the catalog's built-in entries, by MCP method, and the names the model sees them under
+BUILTINS = {
+    "resources/list": "list_resources",
+    "resources/read": "read_resource",
+    "prompts/list": "list_prompts",
+    "prompts/get": "get_prompt",
+}
 
 
 class McpConfigError(ConfigurationError, ValueError):
@@ -39,6 +47,9 @@ class McpServer(BaseModel):
     url: str = ""
     headers: dict[str, str] = Field(default_factory=dict)
     enabled: bool = True
+    # a call fails when the server is silent this long (progress resets it) or runs this long
+    idle_timeout_s: float | None = Field(None, gt=0)
+    total_timeout_s: float | None = Field(None, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -61,6 +72,13 @@ class McpServer(BaseModel):
         if self.transport != "stdio" and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"a {self.transport} server needs an http(s) url")
         return self
+
+    def limits(self, settings: Settings) -> tuple[float, float]:
+        """(idle, total) of a call: the server's own, else the settings'; never above the
+        settings' total, which is the time limit of the task that runs the call."""
+        ceiling = settings.mcp_call_total_s
+        total = min(self.total_timeout_s or ceiling, ceiling)
+        return min(self.idle_timeout_s or settings.mcp_call_timeout_s, total), total
 
     def public(self) -> dict[str, Any]:
         """What may be shown: header and env values are secrets."""
@@ -94,7 +112,7 @@ def parse_servers(raw: Any) -> list[McpServer]:
 def exposed_name(server: str, tool: str) -> str:
     """`mcp_<server>__<tool>`, valid for every provider: when it had to be changed or cut, a
     stable suffix (sha256 of server and tool, never Python's salted hash) keeps it unique."""
-    plain = f"mcp_{server}__{tool}"
+    plain = f"mcp_{server}__{BUILTINS.get(tool, tool)}"
     if NAME_RE.match(plain):
         return plain
     digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]

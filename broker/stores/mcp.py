@@ -38,6 +38,7 @@ class McpToolRow(BaseModel):
     exposed_name: str
     description: str
     input_schema: dict[str, Any]
+    total_timeout_s: float | None = None  # the server's own limit, when it has one
 
 
 class AccessRequest(BaseModel):
@@ -56,8 +57,12 @@ SELECT_GRANTS = (
     "SELECT server, scope, subject, tool_allow, tool_deny, enabled FROM mcp_grants"
     " WHERE (scope = 'agent' AND subject = %s) OR (scope = 'user' AND subject = %s)"
 )
+COLUMNS = (
+    "t.server, t.tool, t.exposed_name, t.description, t.input_schema,"
+    " (s.config->>'total_timeout_s')::float AS total_timeout_s"
+)
 SELECT_CATALOG = (
-    "SELECT t.server, t.tool, t.exposed_name, t.description, t.input_schema FROM mcp_tools t"
+    f"SELECT {COLUMNS} FROM mcp_tools t"
     " JOIN mcp_servers s ON s.name = t.server WHERE s.enabled ORDER BY t.exposed_name"
 )
 UPSERT_GRANT = (
@@ -137,6 +142,19 @@ class McpStore:
                     (server, name, names[(server, name)], description, Jsonb(schema)),
                 )
 
+    def set_facts(self, server: str, facts: dict[str, Any]) -> None:
+        """What the server said when last listed (protocol version, prompts, templates)."""
+        self.conn.execute(
+            "INSERT INTO mcp_server_facts (server, facts) SELECT name, %s FROM mcp_servers"
+            " WHERE name = %s ON CONFLICT (server) DO UPDATE SET facts = excluded.facts,"
+            " listed_at = now()",
+            (Jsonb(facts), server),
+        )
+
+    def facts(self) -> dict[str, dict[str, Any]]:
+        rows = self.conn.execute("SELECT server, facts FROM mcp_server_facts").fetchall()
+        return {r["server"]: r["facts"] for r in rows}
+
     def catalog(self) -> list[McpToolRow]:
         rows = self.conn.execute(SELECT_CATALOG).fetchall()
         return [McpToolRow.model_validate(r) for r in rows]
@@ -144,8 +162,7 @@ class McpStore:
     def resolve(self, exposed: str) -> McpToolRow | None:
         """Exposed name → (server, tool): looked up, never parsed."""
         row = self.conn.execute(
-            "SELECT t.server, t.tool, t.exposed_name, t.description, t.input_schema"
-            " FROM mcp_tools t JOIN mcp_servers s ON s.name = t.server"
+            f"SELECT {COLUMNS} FROM mcp_tools t JOIN mcp_servers s ON s.name = t.server"
             " WHERE t.exposed_name = %s AND s.enabled",
             (exposed,),
         ).fetchone()
