@@ -32,6 +32,21 @@ class McpConfigError(ConfigurationError, ValueError):
     """The MCP configuration is wrong; the message says where."""
 
 
+class McpOAuth(BaseModel):
+    """OAuth 2.1 for a remote server, as the MCP authorization spec has it: the authorization
+    server is discovered from the server's protected-resource metadata; the client is
+    registered dynamically unless `client_id` names one registered beforehand. A person logs
+    in once (`authorization_code` with PKCE, `clawq mcp login`); a service account needs no
+    one (`client_credentials`, with `client_secret`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grant: Literal["authorization_code", "client_credentials"] = "authorization_code"
+    client_id: str = ""
+    client_secret: str = ""
+    scope: str = ""
+
+
 class McpServer(BaseModel):
     """One server, as `mcpServers` entries are written (`type` may be left out: a `command`
     means stdio, a `url` streamable HTTP)."""
@@ -50,6 +65,7 @@ class McpServer(BaseModel):
     # a call fails when the server is silent this long (progress resets it) or runs this long
     idle_timeout_s: float | None = Field(None, gt=0)
     total_timeout_s: float | None = Field(None, gt=0)
+    oauth: McpOAuth | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -71,6 +87,10 @@ class McpServer(BaseModel):
             raise ValueError("a stdio server needs a command")
         if self.transport != "stdio" and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"a {self.transport} server needs an http(s) url")
+        if self.oauth is not None and self.transport == "stdio":
+            raise ValueError("OAuth is for servers over HTTP; a stdio server takes env")
+        if self.oauth and self.oauth.grant == "client_credentials" and not self.oauth.client_id:
+            raise ValueError("client_credentials needs a client_id (and its client_secret)")
         return self
 
     def limits(self, settings: Settings) -> tuple[float, float]:
@@ -85,6 +105,8 @@ class McpServer(BaseModel):
         shown = self.model_dump(by_alias=True)
         shown["env"] = dict.fromkeys(self.env, "***")
         shown["headers"] = dict.fromkeys(self.headers, "***")
+        if self.oauth is not None and self.oauth.client_secret:
+            shown["oauth"]["client_secret"] = "***"
         return shown
 
 

@@ -41,6 +41,29 @@ class McpToolRow(BaseModel):
     total_timeout_s: float | None = None  # the server's own limit, when it has one
 
 
+class ServerStatus(BaseModel):
+    """A server as `clawq mcp list` shows it: no secrets, the protocol version the workers
+    negotiated, and where its OAuth grant stands (with the fix when it needs one)."""
+
+    name: str
+    transport: str
+    target: str
+    enabled: bool
+    protocol_version: str = ""
+    auth: str = ""
+
+
+def _auth(server: McpServer, status: str | None, detail: str | None) -> str:
+    if server.oauth is None:
+        return ""
+    fix = f"run `clawq mcp login {server.name}`"
+    if status is None:
+        return "login needed: " + fix if server.oauth.grant == "authorization_code" else ""
+    if status == "ok":
+        return "ok"
+    return f"{status} ({detail}): {fix}" if detail else f"{status}: {fix}"
+
+
 class AccessRequest(BaseModel):
     id: str
     server: str
@@ -150,6 +173,29 @@ class McpStore:
             " listed_at = now()",
             (Jsonb(facts), server),
         )
+
+    def status(self) -> list[ServerStatus]:
+        rows = self.conn.execute(
+            "SELECT s.config, s.enabled, f.facts, o.status, o.detail FROM mcp_servers s"
+            " LEFT JOIN mcp_server_facts f ON f.server = s.name"
+            " LEFT JOIN mcp_oauth o ON o.server = s.name AND o.subject = ''"
+            " ORDER BY s.name"
+        ).fetchall()
+        out = []
+        for r in rows:
+            s = McpServer.model_validate({**r["config"], "enabled": r["enabled"]})
+            target = " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url
+            out.append(
+                ServerStatus(
+                    name=s.name,
+                    transport=s.transport,
+                    target=target,
+                    enabled=s.enabled,
+                    protocol_version=(r["facts"] or {}).get("protocol_version", ""),
+                    auth=_auth(s, r["status"], r["detail"]),
+                )
+            )
+        return out
 
     def facts(self) -> dict[str, dict[str, Any]]:
         rows = self.conn.execute("SELECT server, facts FROM mcp_server_facts").fetchall()

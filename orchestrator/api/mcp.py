@@ -9,24 +9,12 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.config.mcp import Grant, McpServer
+from broker.config.mcp import Grant
 from broker.errors import Forbidden
-from broker.stores.mcp import AccessRequest, McpToolRow
+from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
 from orchestrator.api.deps import Admin, Caller, Id, Svc
 
 router = APIRouter(prefix="/v1", tags=["mcp"])
-
-
-class ServerView(BaseModel):
-    name: str
-    transport: str
-    target: str
-    enabled: bool
-
-
-def _server(s: McpServer) -> ServerView:
-    target = " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url
-    return ServerView(name=s.name, transport=s.transport, target=target, enabled=s.enabled)
 
 
 class ForSubject(BaseModel):
@@ -53,8 +41,8 @@ class Review(BaseModel):
 
 
 @router.get("/mcp/servers")
-def mcp_servers(caller: Admin, svc: Svc) -> list[ServerView]:
-    return [_server(s) for s in svc.client().mcp.servers()]
+def mcp_servers(caller: Admin, svc: Svc) -> list[ServerStatus]:
+    return svc.client().mcp.status()
 
 
 @router.post("/mcp/servers", status_code=201)

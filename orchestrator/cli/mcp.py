@@ -45,19 +45,14 @@ def add(config: str) -> None:
 @mcp.command("list")
 @json_option
 def list_servers(as_json: bool) -> None:
-    """The configured servers (no secrets: headers and env are not shown)."""
+    """The configured servers (no secrets: headers and env are not shown), the protocol
+    version the workers negotiated with each, and where its OAuth grant stands."""
     with admin() as a:
-        servers = a.servers()
-    rows = [
-        (
-            s.name,
-            s.transport,
-            " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url,
-            s.enabled,
-        )
-        for s in servers
-    ]
-    table(("name", "transport", "target", "enabled"), rows, as_json=as_json)
+        found = a.status()
+    rows = [(s.name, s.transport, s.target, s.enabled, s.protocol_version, s.auth) for s in found]
+    records = [s.model_dump(mode="json") for s in found]
+    columns = ("name", "transport", "target", "enabled", "protocol", "auth")
+    table(columns, rows, records, as_json)
 
 
 @mcp.command("remove")

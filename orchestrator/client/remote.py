@@ -20,7 +20,7 @@ from httpx_sse import connect_sse
 from broker.config.mcp import Grant
 from broker.protocol import FINAL_STATUSES, Event, JobResult, Subagent
 from broker.stores.custom_tools import CustomTool
-from broker.stores.mcp import AccessRequest, McpToolRow
+from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
 from orchestrator.admin.definitions import read_definition
 from orchestrator.client.base import Client, ClientError, Job, JobOptions
 
@@ -118,6 +118,10 @@ class RemoteMcp:
 
     def remove(self, name: str) -> None:
         _check(self.http.delete(f"/v1/mcp/servers/{name}"))
+
+    def status(self) -> list[ServerStatus]:
+        found = _check(self.http.get("/v1/mcp/servers")).json()
+        return [ServerStatus.model_validate(s) for s in found]
 
     def tools(self) -> list[McpToolRow]:
         return [McpToolRow.model_validate(t) for t in _check(self.http.get("/v1/mcp/tools")).json()]

@@ -1,8 +1,11 @@
 """An agent job calls MCP tools through a real `mcp` worker: `mcp-server-time` over stdio,
-granted in PostgreSQL; a denied tool is neither shown to the model nor executable."""
+granted in PostgreSQL; a denied tool is neither shown to the model nor executable. And the
+reference server, server-everything: progress reaches the job's events, and an image
+becomes an artifact of the job."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +16,8 @@ from tests.integration.conftest import Cluster, call, script, start_cluster, wai
 from tests.orchestrator.conftest import ModelServer, openai_chunk, sse
 
 TIME = str(Path(sys.executable).parent / "mcp-server-time")
+EVERYTHING = Path(__file__).resolve().parents[1] / "mcp_servers" / "everything"
+EVERYTHING_BIN = str(EVERYTHING / "node_modules" / ".bin" / "mcp-server-everything")
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +36,15 @@ def cluster(server: ModelServer) -> Iterator[Cluster]:
     ):
         cluster.client.mcp.add({"mcpServers": {"time": {"command": TIME}}})
         cluster.client.mcp.grant("time", agent="main", deny=["convert_time"], by="test")
-        # the worker connected and listed the server
-        wait_until(lambda c=cluster: len(c.client.mcp.tools()) >= 2, what="the catalog")
+        everything = {"command": EVERYTHING_BIN, "args": ["stdio"], "idle_timeout_s": 2}
+        cluster.client.mcp.add({"mcpServers": {"ev": everything}})
+        cluster.client.mcp.grant("ev", agent="main", by="test")
+        # the worker connected and listed the servers
+        wanted = {"mcp_time__get_current_time", "mcp_ev__echo"}
+        wait_until(
+            lambda c=cluster: wanted <= {t.exposed_name for t in c.client.mcp.tools()},
+            what="the catalog",
+        )
         yield cluster
 
 
@@ -86,3 +98,36 @@ def test_other_agents_see_no_mcp_tools_and_the_model_sees_the_schema(
     shown = tools["mcp_time__get_current_time"]
     assert "timezone" in shown["parameters"]["properties"]
     assert shown["description"]
+
+
+def test_progress_becomes_events_and_an_image_an_artifact(
+    cluster: Cluster, workspace: Path
+) -> None:
+    job = cluster.client.submit(
+        "work long, then show me",
+        workspace=str(workspace),
+        script=script(
+            {
+                "tool_calls": [
+                    call("long", "mcp_ev__trigger-long-running-operation", duration=4, steps=8)
+                ]
+            },
+            {"tool_calls": [call("img", "mcp_ev__get-tiny-image")]},
+            {"text": "done"},
+        ),
+    )
+    result = job.wait(timeout=90)
+    long, img = result.tool_calls
+    assert not long.is_error and "Long running operation completed" in long.output
+    progress = [e.data for e in job.events() if e.type == "tool_call_progress"]
+    assert [(p["call_id"], p["progress"], p["total"]) for p in progress] == [
+        ("long", n, 8) for n in range(1, 9)
+    ]  # 4 s in all: alive past the idle limit of 2 s by its progress
+    found = re.search(r"\[image: artifact (art_[0-9a-f]+) \(image/png, (\d+) bytes", img.output)
+    assert found and not img.is_error, img.output
+    row = cluster.client.store.conn.execute(
+        "SELECT mime, size, job_id FROM artifacts WHERE id = %s", (found.group(1),)
+    ).fetchone()
+    assert row is not None and row["job_id"] == job.id and row["size"] == int(found.group(2))
+    listed = {s.name: s for s in cluster.client.mcp.status()}
+    assert listed["ev"].protocol_version == "2025-11-25"
