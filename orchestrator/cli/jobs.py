@@ -59,6 +59,10 @@ def show_event(event: Event, interactive: bool = False) -> None:
         mark = "[red]✗[/]" if d["is_error"] else "[green]✓[/]"
         first = d["output"].splitlines()[0][:100] if d["output"] else ""
         console.print(f"{mark} {d['name']} [dim]{d['worker']}[/] {escape(first)}")
+    elif event.type == "tool_call_progress":
+        of = f"/{d['total']:g}" if d.get("total") else ""
+        said = escape(d.get("message") or "")
+        console.print(f"[dim]… {d['name']} {d['progress']:g}{of}[/] {said}")
     elif event.type == "model_text":
         console.print(f"[bold]model:[/] {escape(d['text'])}")
     elif event.type == "tool_call_denied":
