@@ -42,7 +42,7 @@ def cluster(server: ModelServer) -> Iterator[Cluster]:
         # the worker connected and listed the servers
         wanted = {"mcp_time__get_current_time", "mcp_ev__echo"}
         wait_until(
-            lambda c=cluster: wanted <= {t.exposed_name for t in c.client.mcp.tools()},
+            lambda c=cluster, w=wanted: w <= {t.exposed_name for t in c.client.mcp.tools()},
             what="the catalog",
         )
         yield cluster

@@ -27,10 +27,19 @@ class McpError(RunError):
         self.lost = lost
 
 
-def describe(exc: BaseException) -> str:
-    """The innermost cause of an (often nested) exception group, in one line."""
+class OAuthRefused(McpError):
+    """The server's OAuth grant is missing or was refused: a person must act first."""
+
+
+def innermost(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def describe(exc: BaseException) -> str:
+    """The innermost cause of an (often nested) exception group, in one line."""
+    exc = innermost(exc)
     if isinstance(exc, McpError):
         return str(exc)
     text = str(exc) or type(exc).__name__

@@ -29,6 +29,7 @@ from broker.redis.changes import Listener
 from workers.tools.mcp.calls import McpError, Progress
 from workers.tools.mcp.catalog import Row
 from workers.tools.mcp.connection import CONNECT_TIMEOUT_S, Auth, Connection, OnListed
+from workers.tools.mcp.oauth import OAuthAuth, Rows
 from workers.tools.mcp.requests import send
 
 __all__ = ["McpError", "McpManager", "manager_for_process"]
@@ -193,6 +194,7 @@ class CatalogStore:
         from broker.pg.store import Store
 
         self.store = Store(settings.database_url)
+        self.settings = settings
         self.lock = threading.Lock()
 
     def load(self) -> list[McpServer]:
@@ -211,6 +213,27 @@ class CatalogStore:
             McpStore(self.store).replace_tools(server, rows)
             McpStore(self.store).set_facts(server, facts)
 
+    def oauth_rows(self) -> Rows:
+        """The servers' OAuth grants, on this same connection."""
+        from broker.config.secretbox import SecretBox
+        from broker.stores.mcp_oauth import McpOAuthStore, OAuthGrant, Status, StoredGrant
+
+        grants = McpOAuthStore(self.store, SecretBox.from_settings(self.settings))
+
+        def load(server: str) -> StoredGrant | None:
+            with self.lock:
+                return grants.load(server)
+
+        def save(server: str, grant: OAuthGrant, replaces: int | None) -> int | None:
+            with self.lock:
+                return grants.save(server, grant, replaces=replaces)
+
+        def mark(server: str, status: Status, detail: str) -> None:
+            with self.lock:
+                grants.mark(server, status, detail)
+
+        return Rows(load, save, mark)
+
     def close(self) -> None:
         self.store.close()
 
@@ -223,7 +246,8 @@ def manager_for_process(settings: Settings) -> McpManager:
     global _manager, _manager_pid
     if _manager is None or _manager_pid != os.getpid():
         catalog = CatalogStore(settings)
-        _manager = McpManager(settings, catalog.load, catalog.on_listed)
+        auth = OAuthAuth(settings, catalog.oauth_rows())
+        _manager = McpManager(settings, catalog.load, catalog.on_listed, auth)
         _manager_pid = os.getpid()
         nudge = _manager.nudge
         Listener(settings.redis_url, [changes.MCP], lambda _: nudge()).start()

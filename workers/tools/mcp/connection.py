@@ -17,11 +17,16 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any, Literal
 
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from broker.config.mcp import McpServer
 from broker.config.settings import Settings
-from workers.tools.mcp.calls import McpError, Progress, describe, limited
+from workers.tools.mcp.calls import McpError, OAuthRefused, Progress, describe, innermost, limited
 from workers.tools.mcp.catalog import Row, listing
 
 log = logging.getLogger("clawq.mcp")
@@ -45,6 +50,7 @@ class Connection:
         self.auth = auth
         self.state: State = "idle"
         self.last_error = ""
+        self.refused = False  # its OAuth grant was refused: no retry until it changes
         self.client: Any = None
         self.roots: list[str] = []  # the workspace of the latest call, offered as the root
         self._stop: asyncio.Event | None = None
@@ -100,7 +106,10 @@ class Connection:
                 await self._stop.wait()
         except BaseException as exc:
             if not started.done():
-                started.set_exception(McpError(describe(exc)))
+                inner = innermost(exc)
+                started.set_exception(
+                    inner if isinstance(inner, McpError) else McpError(describe(exc))
+                )
             elif self.state == "connected":
                 self.lost(describe(exc))
             if isinstance(exc, asyncio.CancelledError) and self._stop and self._stop.is_set():
@@ -123,6 +132,7 @@ class Connection:
                     multiplier=s.mcp_reconnect_initial_s, max=s.mcp_reconnect_max_s
                 ),
                 stop=stop_after_attempt(s.mcp_reconnect_attempts),
+                retry=retry_if_not_exception_type(OAuthRefused),  # a person must act first
                 reraise=True,
             ):
                 with attempt:
@@ -133,6 +143,7 @@ class Connection:
         except Exception as exc:
             self.state = "failed"
             self.last_error = describe(exc)
+            self.refused = isinstance(exc, OAuthRefused)
             log.warning("MCP server %s failed: %s", self.config.name, self.last_error)
 
     def reconnect(self) -> asyncio.Task[None]:
@@ -158,6 +169,8 @@ class Connection:
         if self.state == "connected" and self.client is not None:
             return self.client
         name = self.config.name
+        if self.state == "failed" and self.refused:
+            raise McpError(self.last_error)
         if self.state == "failed":
             raise McpError(
                 f"MCP server '{name}' is unavailable: {self.settings.mcp_reconnect_attempts} "
@@ -167,6 +180,8 @@ class Connection:
         await asyncio.wait({task}, timeout=wait_s)
         if self.state == "connected" and self.client is not None:
             return self.client
+        if self.state == "failed" and self.refused:
+            raise McpError(self.last_error)
         raise McpError(
             f"MCP server '{name}' is not reachable ({self.last_error or 'connecting'}); "
             "it is being reconnected. Try again later."
@@ -225,4 +240,3 @@ class Connection:
                 await asyncio.wait_for(self.refresh_tools(), CONNECT_TIMEOUT_S)
         except Exception as exc:
             self.lost(f"health check: {describe(exc)}")
-
