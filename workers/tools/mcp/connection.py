@@ -165,11 +165,15 @@ class Connection:
             self._stop.set()
         self.client = None
 
+    def _refused(self) -> bool:
+        """Failed for want of an OAuth grant: said as it is, no retry until it changes."""
+        return self.state == "failed" and self.refused
+
     async def session(self, wait_s: float) -> Any:
         if self.state == "connected" and self.client is not None:
             return self.client
         name = self.config.name
-        if self.state == "failed" and self.refused:
+        if self._refused():
             raise McpError(self.last_error)
         if self.state == "failed":
             raise McpError(
@@ -180,7 +184,7 @@ class Connection:
         await asyncio.wait({task}, timeout=wait_s)
         if self.state == "connected" and self.client is not None:
             return self.client
-        if self.state == "failed" and self.refused:
+        if self._refused():
             raise McpError(self.last_error)
         raise McpError(
             f"MCP server '{name}' is not reachable ({self.last_error or 'connecting'}); "
