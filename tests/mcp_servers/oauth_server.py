@@ -10,7 +10,8 @@ the authorization code grant with PKCE required (RFC 7636; the person at /author
 used), client credentials, and revocation (RFC 7009). A pre-registered client is
 `service` / `service-secret` (client credentials) and `app` / `app-secret` (a person's).
 `GET /stats` counts the token requests by grant type, so a test can see how many
-refreshes were made; `POST /expire` ends an access token early.
+refreshes were made; `POST /expire` ends an access token early. A refresh takes half a
+second, so workers that need one at about the same time meet while it runs.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from werkzeug.serving import make_server
 
 AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none"]
 ACCESS_TTL_S = 3600
+REFRESH_S = 0.5
 lock = threading.Lock()
 stats: Counter[str] = Counter()
 
@@ -248,8 +250,11 @@ def authorize() -> Any:
 
 @app.post("/token")
 def token() -> Any:
+    grant_type = request.form.get("grant_type", "?")
+    if grant_type == "refresh_token":
+        time.sleep(REFRESH_S)  # a slow refresh: workers that need one meet while it runs
     with lock:
-        stats[request.form.get("grant_type", "?")] += 1
+        stats[grant_type] += 1
         return server.create_token_response()
 
 
