@@ -213,3 +213,84 @@ def test_an_access_token_the_server_refuses_is_refreshed_once(world: Any) -> Non
     httpx.post(f"{w.servers.issuer}/expire", data={"token": stored.grant.access_token})
     assert w.manager().call("sec", "whoami", {})["content"][0]["text"] == "ann, with a token"
     assert w.servers.stats()["refresh_token"] == 1
+
+
+def _clawq_login(w: World, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "mcp", "login", "sec", *extra],
+        env={**w.env, "PATH": "/usr/bin:/bin", "TERM": "dumb"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _printed_url(login: subprocess.Popen[str]) -> str:
+    assert login.stdout is not None
+    for line in login.stdout:
+        if line.startswith("http"):
+            return line.strip()
+    raise AssertionError(login.stderr.read() if login.stderr else "no URL printed")
+
+
+def test_clawq_mcp_login_catches_the_redirect_on_a_loopback_port(world: Any) -> None:
+    w = world()
+    login = _clawq_login(w)
+    url = _printed_url(login)
+    landed = httpx.get(url, follow_redirects=True)  # the browser: consent, then back home
+    assert landed.status_code == 200 and "clawq has the code" in landed.text
+    out, err = login.communicate(timeout=30)
+    assert login.returncode == 0 and out.strip() == "logged in to sec", err
+    assert w.admin.status()[0].auth == "ok"
+    assert w.manager().call("sec", "whoami", {})["content"][0]["text"] == "ann, with a token"
+
+
+def test_clawq_mcp_login_takes_a_pasted_address(world: Any) -> None:
+    w = world()
+    login = _clawq_login(w, "--paste")
+    url = _printed_url(login)
+    ended = httpx.get(url, follow_redirects=False).headers["location"]  # nothing listens
+    out, err = login.communicate(ended + "\n", timeout=30)
+    assert login.returncode == 0 and out.strip().endswith("logged in to sec"), err
+    assert w.admin.status()[0].auth == "ok"
+
+
+def test_the_api_logs_in_with_its_own_callback_and_for_the_remote_client(world: Any) -> None:
+    from broker.stores.api_keys import ApiKeyStore
+    from orchestrator.client.remote import RemoteClient
+
+    w = world()
+    key = ApiKeyStore(w.store).create("root", admin=True)[1]
+    port = free_port()
+    serve = ["api", "--port", str(port), "--log-level", "warning"]
+    api = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *serve],
+        env={**w.env, "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        wait_for_port(api, port)
+        base = f"http://127.0.0.1:{port}"
+        started = httpx.post(
+            f"{base}/v1/mcp/servers/sec/login",
+            json={},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert started.status_code == 200, started.text
+        landed = httpx.get(started.json()["url"], follow_redirects=True)
+        assert str(landed.url).startswith(f"{base}/oauth/mcp/callback?")
+        assert landed.text == "logged in to sec; you may close this tab\n"
+        forged = httpx.get(f"{base}/oauth/mcp/callback", params={"state": "k1:AAAA", "code": "x"})
+        assert forged.status_code == 400 and "not one clawq made" in forged.text
+
+        with RemoteClient(api_url=base, api_key=key) as remote:
+            (listed,) = remote.mcp.status()
+            assert listed.auth == "ok"
+            start = remote.mcp.login_start("sec", REDIRECT)  # a client that catches it itself
+            back = httpx.get(start.url, follow_redirects=False).headers["location"]
+            code = parse_qs(urlparse(back).query)["code"][0]
+            assert remote.mcp.login_finish(start.state, code) == "sec"
+        assert w.servers.stats()["authorization_code"] == 2
+    finally:
+        api.terminate()
+        api.wait(10)
