@@ -1,5 +1,5 @@
 """A real MCP server over streamable HTTP (or SSE) for the bridge's tests, built on the MCP
-SDK's server: `python -m tests.mcp_servers.web_server streamable-http PORT`.
+SDK's server: `python -m tests.mcp_servers.web_server streamable-http PORT` (or `stdio`).
 
 It has tools that add, sleep, fail, return an image or a sound, report progress, write a
 marker when the client cancels them, and one whose structured output does not match the
@@ -59,17 +59,20 @@ def sound() -> Audio:
 
 
 @server.tool()
-async def steps(count: int, interval: float, ctx: Context) -> str:
-    """Work in steps, reporting progress after each."""
+async def steps(count: int, interval: float, ctx: Context, report: bool = True) -> str:
+    """Work in steps, reporting progress after each (unless told not to)."""
     for n in range(1, count + 1):
         await asyncio.sleep(interval)
-        await ctx.report_progress(n, count, f"step {n}")
+        if report:
+            await ctx.report_progress(n, count, f"step {n}")
     return f"{count} steps"
 
 
 @server.tool()
 async def hold(marker: str) -> str:
-    """Wait until cancelled; then write `marker` (the test's proof the server was told)."""
+    """Say it started (`marker`.started), wait until cancelled, then write `marker` (the
+    test's proof the server was told)."""
+    Path(marker + ".started").write_text("started")
     try:
         await asyncio.sleep(3600)
     except asyncio.CancelledError:
@@ -105,4 +108,7 @@ _liar.output_schema = {
 
 
 if __name__ == "__main__":
-    server.run(sys.argv[1], host="127.0.0.1", port=int(sys.argv[2]))
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+    else:
+        server.run(sys.argv[1], host="127.0.0.1", port=int(sys.argv[2]))

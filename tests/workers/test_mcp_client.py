@@ -305,16 +305,23 @@ def test_audio_and_images_become_artifacts(harness: Any, web_url: str) -> None:
     assert f"[image: artifact art_2 (image/png, {len(png)} bytes)]" in picture.for_llm
 
 
-def test_a_cancelled_call_tells_the_server(harness: Any, web_url: str, tmp_path: Path) -> None:
-    h = harness({"web": {"url": web_url}}, web_private_allow=[endpoint(web_url)])
+@pytest.mark.parametrize("transport", ["streamable-http", "stdio"])
+def test_a_cancelled_call_tells_the_server(
+    harness: Any, web_url: str, tmp_path: Path, transport: str
+) -> None:
+    """Over stdio the SDK sends notifications/cancelled; over streamable HTTP at 2026-07-28
+    it aborts the request's POST, which the server takes as the cancel."""
+    stdio = {"command": sys.executable, "args": ["-m", "tests.mcp_servers.web_server", "stdio"]}
+    entry = stdio if transport == "stdio" else {"url": web_url}
+    h = harness({"web": entry}, web_private_allow=[endpoint(web_url)])
     marker = tmp_path / "cancelled"
-    asked = time.monotonic() + 1.0
+    started = tmp_path / "cancelled.started"
     with pytest.raises(McpError, match="hold on MCP server 'web' was cancelled: the job was"):
         h.manager.call(
             "web",
             "hold",
             {"marker": str(marker)},
-            cancelled=lambda: "the job was cancelled" if time.monotonic() > asked else None,
+            cancelled=lambda: "the job was cancelled" if started.exists() else None,
         )
     deadline = time.monotonic() + 10
     while not marker.exists():  # notifications/cancelled reached the tool

@@ -12,10 +12,11 @@ refreshes the catalog in PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -73,30 +74,40 @@ class McpManager:
         cancelled: Callable[[], str | None] = lambda: None,
     ) -> Any:
         """A tool (or a built-in: `resources/read`, ...) of `server`, from the worker's
-        thread; `progress` hears the server's progress notifications (in a thread, in
-        order), and a cancel seen by `cancelled()` cancels the request on the server."""
+        thread; `progress` hears the server's progress notifications in order, in this
+        thread (which waits anyway: the loop only queues them), and a cancel seen by
+        `cancelled()` cancels the request on the server."""
+        heard: queue.SimpleQueue[tuple[float, float | None, str | None] | None] = (
+            queue.SimpleQueue()
+        )
         on_progress: Progress | None = None
         if progress is not None:
-            report = progress
 
             async def on_progress(done: float, of: float | None, message: str | None) -> None:
-                await asyncio.to_thread(report, done, of, message)
+                heard.put((done, of, message))
 
         future = asyncio.run_coroutine_threadsafe(
             self._call(server, tool, arguments, on_progress, workspace), self.loop
         )
+        future.add_done_callback(lambda _: heard.put(None))  # after every progress put
+        checked = time.monotonic()
         while True:
-            try:
-                return future.result(POLL_S)
-            except concurrent.futures.TimeoutError:
-                why = cancelled()
-                if why is not None:
-                    future.cancel()  # on the loop: the SDK sends notifications/cancelled
-                    with contextlib.suppress(BaseException):
-                        future.result(CONNECT_TIMEOUT_S)
-                    raise McpError(
-                        f"{tool} on MCP server '{server}' was cancelled: {why}"
-                    ) from None
+            item: tuple[float, float | None, str | None] | tuple[()] | None = ()
+            with contextlib.suppress(queue.Empty):
+                item = heard.get(timeout=POLL_S)
+            if item is None:
+                return future.result()
+            if item and progress is not None:
+                progress(*item)
+            if time.monotonic() - checked < POLL_S:
+                continue
+            checked = time.monotonic()
+            why = cancelled()
+            if why is not None:
+                future.cancel()  # on the loop: the SDK tells the server
+                with contextlib.suppress(BaseException):
+                    future.result(CONNECT_TIMEOUT_S)
+                raise McpError(f"{tool} on MCP server '{server}' was cancelled: {why}") from None
 
     async def _call(
         self,
