@@ -54,6 +54,25 @@ class McpAdmin:
         """Each server with its negotiated protocol version and where its OAuth stands."""
         return self.store.status()
 
+    def prompt(self, server: str, name: str) -> str:
+        """A server's prompt that takes no arguments, as the workers last rendered it: a
+        job's system prompt (`clawq run --mcp-prompt server:name`)."""
+        facts = self.store.facts().get(server)
+        if facts is None:
+            raise NotFound(f"no MCP server '{server}' listed by an mcp worker yet")
+        found = {p["name"]: p for p in facts.get("prompts", [])}
+        if name not in found:
+            raise NotFound(
+                f"MCP server '{server}' has no prompt '{name}' (has: {', '.join(found)})"
+            )
+        needed = [a["name"] for a in found[name]["arguments"] if a["required"]]
+        if needed or "text" not in found[name]:
+            raise Invalid(
+                f"prompt '{name}' of '{server}' needs arguments ({', '.join(needed)}): a job "
+                "gets it with the get_prompt tool instead"
+            )
+        return str(found[name]["text"])
+
     def login_start(self, name: str, redirect_uri: str) -> LoginStart:
         """A person's OAuth login: the URL to open (authorization code with PKCE); the
         authorization server sends the code and `state` to `redirect_uri`."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.errors import Invalid
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 from tests.orchestrator.conftest import ModelServer, openai_chunk, sse
 
@@ -131,3 +132,20 @@ def test_progress_becomes_events_and_an_image_an_artifact(
     assert row is not None and row["job_id"] == job.id and row["size"] == int(found.group(2))
     listed = {s.name: s for s in cluster.client.mcp.status()}
     assert listed["ev"].protocol_version == "2025-11-25"
+
+
+def test_a_servers_prompt_is_a_jobs_system_prompt(
+    cluster: Cluster, server: ModelServer, workspace: Path
+) -> None:
+    system = cluster.client.mcp.prompt("ev", "simple-prompt")  # `clawq run --mcp-prompt`
+    server.reply_sse(sse((None, openai_chunk({"content": "ok"}, "stop")), done=True))
+    start = len(server.requests)
+    job = cluster.client.submit(
+        "hi", model="openai:gpt-test", workspace=str(workspace), system=system
+    )
+    assert job.wait(timeout=60).final_text == "ok"
+    first = server.requests[start].body["messages"][0]
+    assert first["role"] == "system"
+    assert "This is a simple prompt without arguments." in first["content"]
+    with pytest.raises(Invalid, match="needs arguments \\(city\\): a job gets it with"):
+        cluster.client.mcp.prompt("ev", "args-prompt")

@@ -78,7 +78,9 @@ def test_tools_structured_content_links_and_images(everything: Any) -> None:
     facts = h.facts["ev"]
     assert facts["protocol_version"] == "2025-11-25"  # the newest it speaks of what we offer
     assert {"prompts", "resources", "tools"} <= set(facts["capabilities"])
-    assert "args-prompt" in [p["name"] for p in facts["prompts"]]
+    prompts = {p["name"]: p for p in facts["prompts"]}
+    assert "text" not in prompts["args-prompt"]  # it needs a city: not rendered
+    assert prompts["simple-prompt"]["text"] == "This is a simple prompt without arguments."
     assert "demo://resource/dynamic/text/{resourceId}" in [
         t["uri_template"] for t in facts["resource_templates"]
     ]

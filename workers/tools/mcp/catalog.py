@@ -16,6 +16,7 @@ from broker.config.mcp import BUILTINS
 
 Row = tuple[str, str, dict[str, Any]]
 TEMPLATES = "resource_templates"
+PROMPTS, PROMPT_CHARS = 20, 20_000  # prompts rendered at listing, and how much of each
 CURSOR = {"cursor": {"type": "string", "description": "from the last page, for the next"}}
 BUILTIN_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
     "resources/list": (
@@ -60,6 +61,18 @@ async def pages(fetch: Callable[[str | None], Awaitable[Any]], field: str) -> As
         cursor = page.next_cursor
         if cursor is None:
             return
+
+
+async def _rendered(client: Any, name: str) -> str:
+    """A prompt that needs no arguments, as text (for `--mcp-prompt`): its messages' text."""
+    from mcp import MCPError
+
+    try:
+        got = await client.get_prompt(name)
+    except MCPError:
+        return ""
+    parts = [m.content.text for m in got.messages if getattr(m.content, "type", "") == "text"]
+    return "\n\n".join(parts)[:PROMPT_CHARS]
 
 
 async def _answers(method: Callable[..., Awaitable[Any]]) -> bool:
@@ -107,6 +120,8 @@ async def listing(client: Any, server: str) -> tuple[list[Row], dict[str, Any]]:
             facts["prompts"].append(
                 {"name": p.name, "description": p.description or "", "arguments": arguments}
             )
+            if not any(a["required"] for a in arguments) and len(facts["prompts"]) <= PROMPTS:
+                facts["prompts"][-1]["text"] = await _rendered(client, p.name)
         if facts["prompts"]:
             kinds += ["prompts/list", "prompts/get"]
     for kind in kinds:
