@@ -94,7 +94,7 @@ def test_progress_resets_the_idle_limit_within_the_total(everything: Any) -> Non
         "ev",
         "trigger-long-running-operation",
         {"duration": 4, "steps": 8},
-        progress=lambda p, t, m: heard.append((p, t, m)),
+        progress=heard.extend,
     )
     assert time.monotonic() - started > 3.5  # longer than the idle limit, twice over
     assert "Long running operation completed" in done["content"][0]["text"]

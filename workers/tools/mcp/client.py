@@ -36,6 +36,8 @@ from workers.tools.mcp.requests import send
 __all__ = ["McpError", "McpManager", "manager_for_process"]
 log = logging.getLogger("clawq.mcp")
 POLL_S = 0.2  # how often a waiting call looks at its job's cancel flag
+BATCH = 100  # progress notifications passed on at once, at most
+Heard = tuple[float, float | None, str | None]  # a progress notification: done, of, message
 
 
 class McpManager:
@@ -69,17 +71,15 @@ class McpManager:
         tool: str,
         arguments: dict[str, Any],
         *,
-        progress: Callable[[float, float | None, str | None], None] | None = None,
+        progress: Callable[[list[Heard]], None] | None = None,
         workspace: str = "",
         cancelled: Callable[[], str | None] = lambda: None,
     ) -> Any:
         """A tool (or a built-in: `resources/read`, ...) of `server`, from the worker's
         thread; `progress` hears the server's progress notifications in order, in this
-        thread (which waits anyway: the loop only queues them), and a cancel seen by
-        `cancelled()` cancels the request on the server."""
-        heard: queue.SimpleQueue[tuple[float, float | None, str | None] | None] = (
-            queue.SimpleQueue()
-        )
+        thread (which waits anyway: the loop only queues them), as many at a time as came
+        meanwhile; a cancel seen by `cancelled()` cancels the request on the server."""
+        heard: queue.SimpleQueue[Heard | None] = queue.SimpleQueue()
         on_progress: Progress | None = None
         if progress is not None:
 
@@ -92,13 +92,17 @@ class McpManager:
         future.add_done_callback(lambda _: heard.put(None))  # after every progress put
         checked = time.monotonic()
         while True:
-            item: tuple[float, float | None, str | None] | tuple[()] | None = ()
+            batch: list[Heard | None] = []
             with contextlib.suppress(queue.Empty):
-                item = heard.get(timeout=POLL_S)
-            if item is None:
+                batch.append(heard.get(timeout=POLL_S))
+                while len(batch) < BATCH:
+                    batch.append(heard.get_nowait())
+            done = None in batch
+            items = [b for b in batch if b is not None]
+            if items and progress is not None:
+                progress(items)
+            if done:
                 return future.result()
-            if item and progress is not None:
-                progress(*item)
             if time.monotonic() - checked < POLL_S:
                 continue
             checked = time.monotonic()

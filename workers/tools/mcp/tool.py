@@ -69,7 +69,8 @@ class McpTool(Tool[McpInput]):
 
 
 def progress_events(ctx: ToolContext, name: str) -> Any:
-    """The server's progress notifications as `tool_call_progress` events of the job."""
+    """The server's progress notifications as `tool_call_progress` events of the job, those
+    that came together in one round trip."""
     if ctx.redis is None or not ctx.job_id:
         return None
     from broker.protocol import Event
@@ -77,12 +78,16 @@ def progress_events(ctx: ToolContext, name: str) -> Any:
 
     client, ttl = ctx.redis, ctx.settings.events_ttl_s
 
-    def report(progress: float, total: float | None, message: str | None) -> None:
-        data = {"call_id": ctx.call_id, "name": name, "progress": progress, "total": total}
-        if message:
-            data["message"] = message
-        event = Event(type="tool_call_progress", job_id=ctx.job_id, data=data)
-        events.emit_sync(client, event, ttl)
+    def report(heard: list[tuple[float, float | None, str | None]]) -> None:
+        batch = []
+        for progress, total, message in heard:
+            data = {"call_id": ctx.call_id, "name": name, "progress": progress, "total": total}
+            if message:
+                data["message"] = message
+            batch.append(Event(type="tool_call_progress", job_id=ctx.job_id, data=data))
+        pipe = client.pipeline(transaction=False)
+        events.add(pipe, batch, ttl)
+        pipe.execute()
 
     return report
 
