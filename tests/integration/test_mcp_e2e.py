@@ -40,8 +40,11 @@ def cluster(server: ModelServer) -> Iterator[Cluster]:
         everything = {"command": EVERYTHING_BIN, "args": ["stdio"], "idle_timeout_s": 2}
         cluster.client.mcp.add({"mcpServers": {"ev": everything}})
         cluster.client.mcp.grant("ev", agent="main", by="test")
+        ours = {"command": sys.executable, "args": ["-m", "tests.mcp_servers.web_server", "stdio"]}
+        cluster.client.mcp.add({"mcpServers": {"py": ours}})
+        cluster.client.mcp.grant("py", agent="main", by="test")
         # the worker connected and listed the servers
-        wanted = {"mcp_time__get_current_time", "mcp_ev__echo"}
+        wanted = {"mcp_time__get_current_time", "mcp_ev__echo", "mcp_py__hold"}
         wait_until(
             lambda c=cluster, w=wanted: w <= {t.exposed_name for t in c.client.mcp.tools()},
             what="the catalog",
@@ -149,3 +152,20 @@ def test_a_servers_prompt_is_a_jobs_system_prompt(
     assert "This is a simple prompt without arguments." in first["content"]
     with pytest.raises(Invalid, match="needs arguments \\(city\\): a job gets it with"):
         cluster.client.mcp.prompt("ev", "args-prompt")
+
+
+def test_cancelling_the_job_cancels_the_call_on_the_server(
+    cluster: Cluster, workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "cancelled"
+    job = cluster.client.submit(
+        "hold on",
+        workspace=str(workspace),
+        script=script(
+            {"tool_calls": [call("h", "mcp_py__hold", marker=str(marker))]}, {"text": "never"}
+        ),
+    )
+    wait_until(lambda: (tmp_path / "cancelled.started").exists(), what="the tool started")
+    job.cancel()
+    wait_until(marker.exists, what="the server told of the cancel")
+    assert job.wait(timeout=60).status == "cancelled"
