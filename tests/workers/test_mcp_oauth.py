@@ -294,3 +294,25 @@ def test_the_api_logs_in_with_its_own_callback_and_for_the_remote_client(world: 
     finally:
         api.terminate()
         api.wait(10)
+
+
+def test_a_grant_revoked_while_connected_is_reported_with_its_fix(world: Any) -> None:
+    w = world()
+    w.login()
+    manager = w.manager()
+    assert not manager.call("sec", "whoami", {})["isError"]  # connected, with a live token
+    stored = w.grants.load("sec")
+    assert stored is not None
+    httpx.post(
+        f"{w.servers.issuer}/revoke",
+        data={
+            "token": stored.grant.refresh_token,
+            "client_id": stored.grant.client_id,
+            "client_secret": stored.grant.client_secret,
+        },
+    ).raise_for_status()
+    # the access token went with it (one grant): the next request is refused with a 401
+    with pytest.raises(McpError) as refused:
+        manager.call("sec", "whoami", {})
+    assert "refused its OAuth grant (revoked: invalid_grant" in str(refused.value)
+    assert str(refused.value).endswith("an admin must run `clawq mcp login sec`")

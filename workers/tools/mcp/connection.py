@@ -52,6 +52,7 @@ class Connection:
         self.last_error = ""
         self.refused = False  # its OAuth grant was refused: no retry until it changes
         self.client: Any = None
+        self.bearer: Any = None  # the OAuth of the current session, if the server has it
         self.roots: list[str] = []  # the workspace of the latest call, offered as the root
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
@@ -71,7 +72,7 @@ class Connection:
 
         # over HTTP, the guarded client: the server's address is checked like any request
         guarded = client_factory(lambda: EgressPolicy.from_settings(self.settings))
-        auth = self.auth(c) if self.auth is not None else None
+        auth = self.bearer = self.auth(c) if self.auth is not None else None
         if c.transport == "sse":
             from mcp.client.sse import sse_client
 
@@ -224,6 +225,8 @@ class Connection:
         except McpError as exc:
             if exc.lost:
                 self.lost(exc.lost)
+            if getattr(self.bearer, "refused", ""):  # the session died of a refused grant
+                raise McpError(self.bearer.refused) from None
             raise
 
     async def refresh_tools(self) -> None:

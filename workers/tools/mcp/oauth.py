@@ -226,12 +226,21 @@ def bearer(tokens: ServerTokens) -> Any:
     import httpx2
 
     class Bearer(httpx2.Auth):
+        refused = ""  # why the grant was refused, for the call that met it
+
+        async def token(self, stale: str = "") -> str:
+            try:
+                return await tokens.access_token(stale)
+            except OAuthRefused as exc:
+                self.refused = str(exc)
+                raise
+
         async def async_auth_flow(self, request: Any) -> Any:
-            token = await tokens.access_token()
+            token = await self.token()
             request.headers["Authorization"] = f"Bearer {token}"
             response = yield request
             if response.status_code == 401:
-                token = await tokens.access_token(stale=token)
+                token = await self.token(stale=token)
                 request.headers["Authorization"] = f"Bearer {token}"
                 yield request
 
