@@ -149,3 +149,22 @@ def test_the_workspace_of_the_call_is_offered_as_the_root(everything: Any, tmp_p
             assert time.monotonic() < deadline, shown
             time.sleep(0.2)
         assert "(1 total)" in shown  # never another job's workspace
+
+
+def test_a_read_resource_is_kept_until_the_server_says_it_changed(everything: Any) -> None:
+    h = everything()
+    uri = "demo://resource/dynamic/text/7"  # its text says when it was made, to the second
+
+    def read() -> str:
+        return str(h.call("ev", "resources/read", uri=uri)["content"][0]["resource"]["text"])
+
+    first = read()
+    time.sleep(1.2)
+    assert read() == first  # kept: the server was not asked again
+    cache = h.manager.connections["ev"].resources
+    assert cache.hits == 1 and uri in cache.subscribed
+    h.call("ev", "toggle-subscriber-updates")  # it says our subscribed URIs changed
+    deadline = time.monotonic() + 10
+    while read() == first:  # the update dropped it: read anew
+        assert time.monotonic() < deadline, "the update never reached the cache"
+        time.sleep(0.3)

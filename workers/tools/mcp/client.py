@@ -125,7 +125,7 @@ class McpManager:
         if connection is None or connection.state != "connected":  # else: the health loop
             connection = await self._sync_one(server)  # follows configuration changes
         return await connection.request(
-            tool, lambda client, p: send(client, tool, arguments, p), progress, workspace
+            tool, lambda c, p, kept: send(c, tool, arguments, p, kept), progress, workspace
         )
 
     async def _sync_one(self, name: str) -> Connection:

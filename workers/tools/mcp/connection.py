@@ -28,6 +28,7 @@ from broker.config.mcp import McpServer
 from broker.config.settings import Settings
 from workers.tools.mcp.calls import McpError, OAuthRefused, Progress, describe, innermost, limited
 from workers.tools.mcp.catalog import Row, listing
+from workers.tools.mcp.resources import ResourceCache
 
 log = logging.getLogger("clawq.mcp")
 CONNECT_TIMEOUT_S = 30.0
@@ -53,6 +54,7 @@ class Connection:
         self.refused = False  # its OAuth grant was refused: no retry until it changes
         self.client: Any = None
         self.bearer: Any = None  # the OAuth of the current session, if the server has it
+        self.resources = ResourceCache()
         self.roots: list[str] = []  # the workspace of the latest call, offered as the root
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
@@ -101,7 +103,12 @@ class Connection:
         try:
             async with AsyncExitStack() as stack:
                 transport = await self._transport(stack)
-                client = Client(transport, list_roots_callback=self._list_roots)
+                self.resources.clear()
+                client = Client(
+                    transport,
+                    list_roots_callback=self._list_roots,
+                    message_handler=self.resources.on_message,
+                )
                 self.client = await stack.enter_async_context(client)
                 started.set_result(None)
                 await self._stop.wait()
@@ -208,19 +215,25 @@ class Connection:
     async def request(
         self,
         label: str,
-        send: Callable[[Any, Progress], Awaitable[Any]],
+        send: Callable[[Any, Progress, ResourceCache], Awaitable[Any]],
         progress: Progress | None = None,
         workspace: str = "",
     ) -> Any:
-        """One request on the session (`send(client, on_progress)`), within the server's idle
-        and total limits; a dead session is reconnected, and the error says so."""
+        """One request on the session (`send(client, on_progress, resources)`), within the
+        server's idle and total limits; a dead session is reconnected, and the error says
+        so."""
         idle, total = self.config.limits(self.settings)
         client = await self.session(min(total, CONNECT_TIMEOUT_S))
         with contextlib.suppress(Exception):  # roots are a courtesy; the call goes on
             await self.offer_root(workspace)
         try:
             return await limited(
-                self.config.name, label, lambda p: send(client, p), idle, total, progress
+                self.config.name,
+                label,
+                lambda p: send(client, p, self.resources),
+                idle,
+                total,
+                progress,
             )
         except McpError as exc:
             if exc.lost:

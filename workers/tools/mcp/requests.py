@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from workers.tools.mcp.calls import McpError, Progress
+from workers.tools.mcp.resources import ResourceCache
 
 
 def _dump(model: Any) -> dict[str, Any]:
@@ -20,18 +21,20 @@ def _text(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": False}
 
 
-async def send(client: Any, tool: str, arguments: dict[str, Any], progress: Progress) -> Any:
+async def send(
+    client: Any,
+    tool: str,
+    arguments: dict[str, Any],
+    progress: Progress,
+    resources: ResourceCache | None = None,
+) -> Any:
     if tool == "resources/list":
         return await list_resources(client, arguments.get("cursor"))
     if tool == "resources/read":
         uri = str(arguments.get("uri") or "")
         if not uri:
             raise McpError("read_resource needs a uri")
-        read = await client.read_resource(uri, cache_mode="bypass")
-        blocks: list[dict[str, Any]] = [
-            {"type": "resource", "resource": _dump(c)} for c in read.contents
-        ]
-        return {"content": blocks, "isError": False}
+        return await (resources or ResourceCache()).read(client, uri)
     if tool == "prompts/list":
         page = await client.list_prompts(cursor=arguments.get("cursor"), cache_mode="bypass")
         lines = []
