@@ -59,11 +59,8 @@ class McpTool(Tool[McpInput]):
             )
         except McpError as exc:
             raise ToolError(str(exc)) from None
-        keep = None
-        if ctx.store is not None:
-
-            def keep(data: bytes, mime: str, name: str) -> Any:
-                return ctx.keep_artifact(data, mime, name)
+        def keep(data: bytes, mime: str, name: str) -> Any:  # images, audio, blobs
+            return ctx.keep_artifact(data, mime, name)
 
         return to_result(self.mcp_server, raw, ctx.settings.mcp_output_cap_chars, keep)
 
