@@ -335,8 +335,6 @@ def test_progress_notifications_reach_the_caller_in_order(harness: Any, web_url:
         {"web": {"url": web_url, "idle_timeout_s": 1}}, web_private_allow=[endpoint(web_url)]
     )
     heard: list[tuple[float, float | None, str | None]] = []
-    done = h.manager.call(
-        "web", "steps", {"count": 6, "interval": 0.4}, progress=heard.extend
-    )
+    done = h.manager.call("web", "steps", {"count": 6, "interval": 0.4}, progress=heard.extend)
     assert done["content"][0]["text"] == "6 steps"
     assert heard == [(n, 6, f"step {n}") for n in range(1, 7)]

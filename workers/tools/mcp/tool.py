@@ -59,6 +59,7 @@ class McpTool(Tool[McpInput]):
             )
         except McpError as exc:
             raise ToolError(str(exc)) from None
+
         def keep(data: bytes, mime: str, name: str) -> Any:  # images, audio, blobs
             return ctx.keep_artifact(data, mime, name)
 
