@@ -8,8 +8,9 @@
 ... and (d) to (h) below; (i) to (k), a turn through the whole system and many jobs on one
 and two orchestrators, are `bench/hotpath.py`; (l), the cost of confinement, is
 `bench/confinement.py`; (m) to (q) are bench/web.py, api.py, memory.py, ui.py and
-messaging.py. `python -m bench NAME …` runs sections alone: calls ((a), (b)), hotpath ((i)
-to (k)), turn ((i)), jobs ((j), (k)), confinement, web, api, memory, ui, messaging.
+messaging.py; (r), MCP progress, is bench/mcp_progress.py. `python -m bench NAME …` runs
+sections alone: calls ((a), (b)), hotpath ((i) to (k)), turn ((i)), jobs ((j), (k)),
+confinement, web, api, memory, ui, messaging, mcp-progress.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -37,7 +38,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import api, confinement, hotpath, memory, messaging, ui, web
+from bench import api, confinement, hotpath, mcp_progress, memory, messaging, ui, web
 from broker import keys
 from broker.config.settings import Settings
 from broker.pg.store import Store
@@ -423,11 +424,11 @@ class Bench:
         manager = McpManager(
             self.settings, lambda: parse_servers({"time": {"command": server}}), lambda *_: None
         )
-        manager.call("time", "get_current_time", args, 30)
+        manager.call("time", "get_current_time", args)
         held = []
         for _ in range(calls):
             started = time.perf_counter()
-            manager.call("time", "get_current_time", args, 30)
+            manager.call("time", "get_current_time", args)
             held.append(time.perf_counter() - started)
         manager.close()
 
@@ -644,6 +645,7 @@ def main() -> None:
                 "memory": lambda: memory.run(console),
                 "ui": lambda: ui.run(console, bench, process, wait_for),
                 "messaging": lambda: messaging.run(console, bench, process, wait_for),
+                "mcp-progress": lambda: mcp_progress.run(console, bench, process, wait_for),
                 "calls": lambda: calls(bench),
                 "hotpath": lambda: hotpath.run(console, bench, process, wait_for),
                 "turn": lambda: hotpath.run(console, bench, process, wait_for, "i"),
@@ -758,6 +760,7 @@ def main() -> None:
         memory.run(console)
         ui.run(console, bench, process, wait_for)
         messaging.run(console, bench, process, wait_for)
+        mcp_progress.run(console, bench, process, wait_for)
     finally:
         bench.close()
 

@@ -146,3 +146,8 @@ AGENTS_TAKERS = f"{PREFIX}:agents:takers"  # orchestrators that may hold taken r
 
 
 CALLS_WAITING = f"{PREFIX}:calls:waiting"  # job:turn:call → {queue, tool, job, since}
+
+
+def mcp_oauth(server: str, subject: str = "") -> str:
+    """The lock held while one mcp worker refreshes a server's OAuth tokens."""
+    return f"{PREFIX}:mcp-oauth:{server}:{subject}"

@@ -216,6 +216,7 @@ EventType = Literal[
     "announce_delivered",
     "memory_index_failed",
     "tool_call_waiting",
+    "tool_call_progress",
     "budget_exceeded",
     "job_finished",
 ]

@@ -3,15 +3,16 @@
 #
 # The suite drives real components: a Docker-API engine for the sandbox (podman with runc,
 # and busybox-static for its image), headless Chromium (Flower, the browser tools),
-# bubblewrap (the confinement of host commands), and espeak-ng and ffmpeg with its ffprobe
-# (the tts tool); and it talks to Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432.
+# bubblewrap (the confinement of host commands), espeak-ng and ffmpeg with its ffprobe
+# (the tts tool), and Node.js with npm (the reference MCP server, server-everything, pinned
+# in tests/mcp_servers/everything/package-lock.json); and it talks to Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432.
 # As root on Debian or Ubuntu, missing packages are installed and stopped services started;
 # otherwise this stops at once, naming what is missing. Nothing is ever skipped instead.
 set -euo pipefail
 
 declare -A PROVIDES=(
   [podman]=podman [runc]=runc [busybox]=busybox-static [chromium]=chromium [bwrap]=bubblewrap
-  [espeak-ng]=espeak-ng [ffmpeg]=ffmpeg
+  [espeak-ng]=espeak-ng [ffmpeg]=ffmpeg [node]=nodejs [npm]=npm
 )
 missing=()
 for cmd in "${!PROVIDES[@]}"; do
@@ -58,3 +59,9 @@ if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
   fi
 fi
 for _ in $(seq 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.2; done
+
+# the reference MCP server the bridge's acceptance tests run, as its lock file pins it
+everything="$(dirname "$0")/mcp_servers/everything"
+if [[ ! -x "$everything/node_modules/.bin/mcp-server-everything" ]]; then
+  npm ci --prefix "$everything" --no-audit --no-fund --loglevel=error >/dev/null
+fi

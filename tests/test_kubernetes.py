@@ -714,7 +714,7 @@ def longest_hard_limit(group: str, settings: Settings) -> float:
     if group == Group.runtime.value:  # custom tools
         limits.append(settings.custom_tool_max_timeout_s + 2 * grace)
     if group == Group.mcp.value:
-        limits.append(settings.mcp_call_timeout_s + 2 * grace)
+        limits.append(settings.mcp_call_total_s + 2 * grace)
     if group == Group.memory.value:  # the memory.index task (workers/tasks.py)
         limits.append(settings.memory_index_timeout_s + grace)
     assert limits, f"no task for {group}"

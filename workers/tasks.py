@@ -63,7 +63,7 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
     if queue == Group.mcp.value:  # every MCP tool shares one task
         from workers.tools.mcp.tool import MCP_TASK
 
-        declare(MCP_TASK, Group.mcp.value, settings.mcp_call_timeout_s)
+        declare(MCP_TASK, Group.mcp.value, settings.mcp_call_total_s)
     if queue == Group.runtime.value:  # and every custom tool
         from workers.tools.custom_tools.tool import CUSTOM_TASK
 

@@ -12,16 +12,39 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from broker.config.settings import Settings
 from broker.errors import ConfigurationError
 
 Transport = Literal["stdio", "sse", "streamable-http"]
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SERVER_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,40}$")
 TRANSPORT_ALIASES = {"http": "streamable-http", "streamableHttp": "streamable-http"}
+# the catalog's built-in entries, by MCP method, and the names the model sees them under
+BUILTINS = {
+    "resources/list": "list_resources",
+    "resources/read": "read_resource",
+    "prompts/list": "list_prompts",
+    "prompts/get": "get_prompt",
+}
 
 
 class McpConfigError(ConfigurationError, ValueError):
     """The MCP configuration is wrong; the message says where."""
+
+
+class McpOAuth(BaseModel):
+    """OAuth 2.1 for a remote server, as the MCP authorization spec has it: the authorization
+    server is discovered from the server's protected-resource metadata; the client is
+    registered dynamically unless `client_id` names one registered beforehand. A person logs
+    in once (`authorization_code` with PKCE, `clawq mcp login`); a service account needs no
+    one (`client_credentials`, with `client_secret`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grant: Literal["authorization_code", "client_credentials"] = "authorization_code"
+    client_id: str = ""
+    client_secret: str = ""
+    scope: str = ""
 
 
 class McpServer(BaseModel):
@@ -39,6 +62,10 @@ class McpServer(BaseModel):
     url: str = ""
     headers: dict[str, str] = Field(default_factory=dict)
     enabled: bool = True
+    # a call fails when the server is silent this long (progress resets it) or runs this long
+    idle_timeout_s: float | None = Field(None, gt=0)
+    total_timeout_s: float | None = Field(None, gt=0)
+    oauth: McpOAuth | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -60,13 +87,26 @@ class McpServer(BaseModel):
             raise ValueError("a stdio server needs a command")
         if self.transport != "stdio" and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"a {self.transport} server needs an http(s) url")
+        if self.oauth is not None and self.transport == "stdio":
+            raise ValueError("OAuth is for servers over HTTP; a stdio server takes env")
+        if self.oauth and self.oauth.grant == "client_credentials" and not self.oauth.client_id:
+            raise ValueError("client_credentials needs a client_id (and its client_secret)")
         return self
+
+    def limits(self, settings: Settings) -> tuple[float, float]:
+        """(idle, total) of a call: the server's own, else the settings'; never above the
+        settings' total, which is the time limit of the task that runs the call."""
+        ceiling = settings.mcp_call_total_s
+        total = min(self.total_timeout_s or ceiling, ceiling)
+        return min(self.idle_timeout_s or settings.mcp_call_timeout_s, total), total
 
     def public(self) -> dict[str, Any]:
         """What may be shown: header and env values are secrets."""
         shown = self.model_dump(by_alias=True)
         shown["env"] = dict.fromkeys(self.env, "***")
         shown["headers"] = dict.fromkeys(self.headers, "***")
+        if self.oauth is not None and self.oauth.client_secret:
+            shown["oauth"]["client_secret"] = "***"
         return shown
 
 
@@ -94,7 +134,7 @@ def parse_servers(raw: Any) -> list[McpServer]:
 def exposed_name(server: str, tool: str) -> str:
     """`mcp_<server>__<tool>`, valid for every provider: when it had to be changed or cut, a
     stable suffix (sha256 of server and tool, never Python's salted hash) keeps it unique."""
-    plain = f"mcp_{server}__{tool}"
+    plain = f"mcp_{server}__{BUILTINS.get(tool, tool)}"
     if NAME_RE.match(plain):
         return plain
     digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]

@@ -167,7 +167,8 @@ class Subagents(BaseModel):
 
 class Mcp(BaseModel):
     # the MCP bridge (goclaw §7)
-    mcp_call_timeout_s: float = Field(60.0, gt=0, description="per call; the SDK waits forever")
+    mcp_call_timeout_s: float = Field(60.0, gt=0, description="idle limit; progress resets it")
+    mcp_call_total_s: float = Field(600.0, gt=0, description="a call's total; a server's ceiling")
     mcp_health_interval_s: float = Field(30.0, gt=0, description="ping or list each server")
     mcp_reconnect_initial_s: float = Field(2.0, gt=0, description="first backoff, then doubled")
     mcp_reconnect_max_s: float = Field(60.0, gt=0, description="longest backoff")

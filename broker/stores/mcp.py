@@ -38,6 +38,30 @@ class McpToolRow(BaseModel):
     exposed_name: str
     description: str
     input_schema: dict[str, Any]
+    total_timeout_s: float | None = None  # the server's own limit, when it has one
+
+
+class ServerStatus(BaseModel):
+    """A server as `clawq mcp list` shows it: no secrets, the protocol version the workers
+    negotiated, and where its OAuth grant stands (with the fix when it needs one)."""
+
+    name: str
+    transport: str
+    target: str
+    enabled: bool
+    protocol_version: str = ""
+    auth: str = ""
+
+
+def _auth(server: McpServer, status: str | None, detail: str | None) -> str:
+    if server.oauth is None:
+        return ""
+    fix = f"run `clawq mcp login {server.name}`"
+    if status is None:
+        return "login needed: " + fix if server.oauth.grant == "authorization_code" else ""
+    if status == "ok":
+        return "ok"
+    return f"{status} ({detail}): {fix}" if detail else f"{status}: {fix}"
 
 
 class AccessRequest(BaseModel):
@@ -56,8 +80,12 @@ SELECT_GRANTS = (
     "SELECT server, scope, subject, tool_allow, tool_deny, enabled FROM mcp_grants"
     " WHERE (scope = 'agent' AND subject = %s) OR (scope = 'user' AND subject = %s)"
 )
+COLUMNS = (
+    "t.server, t.tool, t.exposed_name, t.description, t.input_schema,"
+    " (s.config->>'total_timeout_s')::float AS total_timeout_s"
+)
 SELECT_CATALOG = (
-    "SELECT t.server, t.tool, t.exposed_name, t.description, t.input_schema FROM mcp_tools t"
+    f"SELECT {COLUMNS} FROM mcp_tools t"
     " JOIN mcp_servers s ON s.name = t.server WHERE s.enabled ORDER BY t.exposed_name"
 )
 UPSERT_GRANT = (
@@ -137,6 +165,42 @@ class McpStore:
                     (server, name, names[(server, name)], description, Jsonb(schema)),
                 )
 
+    def set_facts(self, server: str, facts: dict[str, Any]) -> None:
+        """What the server said when last listed (protocol version, prompts, templates)."""
+        self.conn.execute(
+            "INSERT INTO mcp_server_facts (server, facts) SELECT name, %s FROM mcp_servers"
+            " WHERE name = %s ON CONFLICT (server) DO UPDATE SET facts = excluded.facts,"
+            " listed_at = now()",
+            (Jsonb(facts), server),
+        )
+
+    def status(self) -> list[ServerStatus]:
+        rows = self.conn.execute(
+            "SELECT s.config, s.enabled, f.facts, o.status, o.detail FROM mcp_servers s"
+            " LEFT JOIN mcp_server_facts f ON f.server = s.name"
+            " LEFT JOIN mcp_oauth o ON o.server = s.name AND o.subject = ''"
+            " ORDER BY s.name"
+        ).fetchall()
+        out = []
+        for r in rows:
+            s = McpServer.model_validate({**r["config"], "enabled": r["enabled"]})
+            target = " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url
+            out.append(
+                ServerStatus(
+                    name=s.name,
+                    transport=s.transport,
+                    target=target,
+                    enabled=s.enabled,
+                    protocol_version=(r["facts"] or {}).get("protocol_version", ""),
+                    auth=_auth(s, r["status"], r["detail"]),
+                )
+            )
+        return out
+
+    def facts(self) -> dict[str, dict[str, Any]]:
+        rows = self.conn.execute("SELECT server, facts FROM mcp_server_facts").fetchall()
+        return {r["server"]: r["facts"] for r in rows}
+
     def catalog(self) -> list[McpToolRow]:
         rows = self.conn.execute(SELECT_CATALOG).fetchall()
         return [McpToolRow.model_validate(r) for r in rows]
@@ -144,8 +208,7 @@ class McpStore:
     def resolve(self, exposed: str) -> McpToolRow | None:
         """Exposed name → (server, tool): looked up, never parsed."""
         row = self.conn.execute(
-            "SELECT t.server, t.tool, t.exposed_name, t.description, t.input_schema"
-            " FROM mcp_tools t JOIN mcp_servers s ON s.name = t.server"
+            f"SELECT {COLUMNS} FROM mcp_tools t JOIN mcp_servers s ON s.name = t.server"
             " WHERE t.exposed_name = %s AND s.enabled",
             (exposed,),
         ).fetchone()

@@ -77,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.include_router(jobs.router)
     app.include_router(mcp.router)
+    app.include_router(mcp.callback)
     app.include_router(custom_tools.router)
     app.include_router(artifacts.router)
     app.include_router(canvas.router)

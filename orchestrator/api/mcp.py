@@ -6,27 +6,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.config.mcp import Grant, McpServer
-from broker.errors import Forbidden
-from broker.stores.mcp import AccessRequest, McpToolRow
+from broker.config.mcp import Grant
+from broker.errors import Forbidden, Invalid
+from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
+from orchestrator.admin.mcp_login import LoginStart
 from orchestrator.api.deps import Admin, Caller, Id, Svc
 
 router = APIRouter(prefix="/v1", tags=["mcp"])
-
-
-class ServerView(BaseModel):
-    name: str
-    transport: str
-    target: str
-    enabled: bool
-
-
-def _server(s: McpServer) -> ServerView:
-    target = " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url
-    return ServerView(name=s.name, transport=s.transport, target=target, enabled=s.enabled)
+callback = APIRouter(tags=["mcp"])  # where a browser lands, with no key
 
 
 class ForSubject(BaseModel):
@@ -47,14 +38,27 @@ class RequestBody(ForSubject):
     reason: str = ""
 
 
+class LoginBody(BaseModel):
+    """Where the browser is sent back: by default this API's own callback."""
+
+    model_config = ConfigDict(extra="forbid")
+    redirect_uri: str | None = None
+
+
+class LoginAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: str
+    code: str
+
+
 class Review(BaseModel):
     model_config = ConfigDict(extra="forbid")
     decision: Literal["approve", "reject"]
 
 
 @router.get("/mcp/servers")
-def mcp_servers(caller: Admin, svc: Svc) -> list[ServerView]:
-    return [_server(s) for s in svc.client().mcp.servers()]
+def mcp_servers(caller: Admin, svc: Svc) -> list[ServerStatus]:
+    return svc.client().mcp.status()
 
 
 @router.post("/mcp/servers", status_code=201)
@@ -66,6 +70,31 @@ def mcp_add(body: dict[str, Any], caller: Admin, svc: Svc) -> list[str]:
 @router.delete("/mcp/servers/{name}", status_code=204)
 def mcp_remove(name: Id, caller: Admin, svc: Svc) -> None:
     svc.client().mcp.remove(name)
+
+
+@router.post("/mcp/servers/{name}/login")
+def mcp_login(name: Id, body: LoginBody, caller: Admin, svc: Svc, request: Request) -> LoginStart:
+    """A person's OAuth login (authorization code with PKCE): open `url`; the code comes
+    back to `redirect_uri` (this API's callback unless another is given)."""
+    redirect = body.redirect_uri or str(request.url_for("mcp_oauth_callback"))
+    return svc.client().mcp.login_start(name, redirect)
+
+
+@router.post("/mcp/login")
+def mcp_login_finish(body: LoginAnswer, caller: Admin, svc: Svc) -> dict[str, str]:
+    """The code and state a login's redirect brought (a client that caught it itself)."""
+    return {"server": svc.client().mcp.login_finish(body.state, body.code)}
+
+
+@callback.get("/oauth/mcp/callback", response_class=PlainTextResponse)
+def mcp_oauth_callback(
+    svc: Svc, state: str = "", code: str = "", error: str = "", error_description: str = ""
+) -> str:
+    """Where the browser lands. No key: the sealed `state` proves an admin started this
+    login here, and holds what finishing it needs."""
+    if error:
+        raise Invalid(f"the authorization server said no: {error_description or error}")
+    return f"logged in to {svc.client().mcp.login_finish(state, code)}; you may close this tab\n"
 
 
 @router.get("/mcp/tools")

@@ -59,6 +59,10 @@ def show_event(event: Event, interactive: bool = False) -> None:
         mark = "[red]✗[/]" if d["is_error"] else "[green]✓[/]"
         first = d["output"].splitlines()[0][:100] if d["output"] else ""
         console.print(f"{mark} {d['name']} [dim]{d['worker']}[/] {escape(first)}")
+    elif event.type == "tool_call_progress":
+        of = f"/{d['total']:g}" if d.get("total") else ""
+        said = escape(d.get("message") or "")
+        console.print(f"[dim]… {d['name']} {d['progress']:g}{of}[/] {said}")
     elif event.type == "model_text":
         console.print(f"[bold]model:[/] {escape(d['text'])}")
     elif event.type == "tool_call_denied":
@@ -103,6 +107,12 @@ def show_event(event: Event, interactive: bool = False) -> None:
     type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions"]),
 )
 @click.option("--max-iterations", type=int, default=None)
+@click.option(
+    "--mcp-prompt",
+    default=None,
+    metavar="SERVER:NAME",
+    help="An MCP server's prompt (one without arguments) as the job's system prompt.",
+)
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def run(
@@ -111,12 +121,16 @@ def run(
     workspace: str,
     timeout: float,
     as_json: bool,
+    mcp_prompt: str | None,
     **options: Any,
 ) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
     script = json.loads(Path(script_file).read_text()) if script_file else None
     with cluster() as client:
         with refused_as_usage():
+            if mcp_prompt:
+                server, _, name = mcp_prompt.partition(":")
+                options["system"] = client.mcp.prompt(server, name)
             job = client.submit(
                 prompt, script=script, workspace=os.path.abspath(workspace), **options
             )

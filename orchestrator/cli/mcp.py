@@ -1,11 +1,15 @@
-"""`clawq mcp …`: servers, the tool catalog, grants and access requests."""
+"""`clawq mcp …`: servers, the tool catalog, grants, access requests, and a person's OAuth
+login to a server."""
 
 from __future__ import annotations
 
 import getpass
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlparse
 
 import click
 
@@ -45,19 +49,14 @@ def add(config: str) -> None:
 @mcp.command("list")
 @json_option
 def list_servers(as_json: bool) -> None:
-    """The configured servers (no secrets: headers and env are not shown)."""
+    """The configured servers (no secrets: headers and env are not shown), the protocol
+    version the workers negotiated with each, and where its OAuth grant stands."""
     with admin() as a:
-        servers = a.servers()
-    rows = [
-        (
-            s.name,
-            s.transport,
-            " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url,
-            s.enabled,
-        )
-        for s in servers
-    ]
-    table(("name", "transport", "target", "enabled"), rows, as_json=as_json)
+        found = a.status()
+    rows = [(s.name, s.transport, s.target, s.enabled, s.protocol_version, s.auth) for s in found]
+    records = [s.model_dump(mode="json") for s in found]
+    columns = ("name", "transport", "target", "enabled", "protocol", "auth")
+    table(columns, rows, records, as_json)
 
 
 @mcp.command("remove")
@@ -159,3 +158,82 @@ def review(request_id: str, decision: str) -> None:
     with admin() as a:
         done = a.review(request_id, decision == "approve", by=getpass.getuser())
     click.echo(f"{done.status} {done.id}")
+
+
+class Catcher:
+    """The redirect's end on a loopback port: takes one `/callback`, keeps its query."""
+
+    def __init__(self, port: int) -> None:
+        caught: dict[str, str] = {}
+        done = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                query = parse_qs(urlparse(self.path).query)
+                if not urlparse(self.path).path.endswith("/callback") or done.is_set():
+                    self.send_error(404)
+                    return
+                caught.update({k: v[0] for k, v in query.items()})
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.end_headers()
+                self.wfile.write(b"clawq has the code: you may close this tab.\n")
+                done.set()
+
+            def log_message(self, *args: Any) -> None:  # the code is not for the terminal
+                pass
+
+        self.http = HTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.http.server_address[1]
+        self.caught, self.done = caught, done
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def wait(self, timeout_s: float) -> dict[str, str]:
+        try:
+            if not self.done.wait(timeout_s):
+                raise click.ClickException(f"no answer from the browser in {timeout_s:g} s")
+            return self.caught
+        finally:
+            self.http.shutdown()
+            self.http.server_close()
+
+
+def _answer(pasted: str, state: str) -> dict[str, str]:
+    """What the person pasted: the address the browser ended on, or the code alone."""
+    pasted = pasted.strip()
+    if "code=" in pasted or "error=" in pasted:
+        return {k: v[0] for k, v in parse_qs(urlparse(pasted).query or pasted).items()}
+    return {"code": pasted, "state": state}
+
+
+@mcp.command("login")
+@click.argument("server")
+@click.option("--port", default=0, help="The loopback port the browser is sent back to.")
+@click.option(
+    "--paste",
+    is_flag=True,
+    help="Do not listen: paste the address the browser ended on (a browser on another host).",
+)
+@click.option("--timeout", default=300.0, help="How long to wait for the browser, in seconds.")
+def login(server: str, port: int, paste: bool, timeout: float) -> None:
+    """Log in to a server that uses OAuth (authorization code with PKCE): open the URL
+    printed; the code comes back to a loopback port (or is pasted). The tokens are kept
+    sealed, for every mcp worker."""
+    catcher = None if paste else Catcher(port)
+    redirect = f"http://127.0.0.1:{catcher.port if catcher else port or 33418}/callback"
+    with admin() as a:
+        start = a.login_start(server, redirect)
+        click.echo("Open this address in a browser and log in:")
+        click.echo(start.url)
+        if catcher is not None:
+            answer = catcher.wait(timeout)
+        else:
+            answer = _answer(click.prompt("The address the browser ended on (or the code)"), "")
+            answer.setdefault("state", start.state)
+        if "error" in answer:
+            said = answer.get("error_description") or answer["error"]
+            raise click.ClickException(f"the authorization server said no: {said}")
+        if answer.get("state") != start.state:
+            raise click.ClickException("the answer is for another login: start again")
+        name = a.login_finish(answer["state"], answer.get("code", ""))
+    click.echo(f"logged in to {name}")

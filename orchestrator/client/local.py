@@ -270,7 +270,8 @@ class LocalClient(Client, kind="local"):
     @property
     def mcp(self) -> McpAdmin:
         """MCP servers, their tools, grants and access requests."""
-        return McpAdmin(self.store, lambda: changes.announce(self.redis, changes.MCP))
+        notify = lambda: changes.announce(self.redis, changes.MCP)  # noqa: E731
+        return McpAdmin(self.store, notify, self.settings)
 
     @property
     def custom_tools(self) -> CustomAdmin:

@@ -20,8 +20,9 @@ from httpx_sse import connect_sse
 from broker.config.mcp import Grant
 from broker.protocol import FINAL_STATUSES, Event, JobResult, Subagent
 from broker.stores.custom_tools import CustomTool
-from broker.stores.mcp import AccessRequest, McpToolRow
+from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
 from orchestrator.admin.definitions import read_definition
+from orchestrator.admin.mcp_login import LoginStart
 from orchestrator.client.base import Client, ClientError, Job, JobOptions
 
 
@@ -118,6 +119,20 @@ class RemoteMcp:
 
     def remove(self, name: str) -> None:
         _check(self.http.delete(f"/v1/mcp/servers/{name}"))
+
+    def login_start(self, name: str, redirect_uri: str | None = None) -> LoginStart:
+        body = {"redirect_uri": redirect_uri}
+        return LoginStart.model_validate(
+            _check(self.http.post(f"/v1/mcp/servers/{name}/login", json=body)).json()
+        )
+
+    def login_finish(self, state: str, code: str) -> str:
+        done = _check(self.http.post("/v1/mcp/login", json={"state": state, "code": code}))
+        return str(done.json()["server"])
+
+    def status(self) -> list[ServerStatus]:
+        found = _check(self.http.get("/v1/mcp/servers")).json()
+        return [ServerStatus.model_validate(s) for s in found]
 
     def tools(self) -> list[McpToolRow]:
         return [McpToolRow.model_validate(t) for t in _check(self.http.get("/v1/mcp/tools")).json()]

@@ -45,7 +45,7 @@ class JobRun(JobFinish):
             s.custom.for_agent(spec.agent_id),
             system_prompt(s.store.pool, s.settings, spec.agent_id, spec.user_id, spec.system),
         )
-        timeout = s.settings.mcp_call_timeout_s
+        timeout = s.settings.mcp_call_total_s
         extra = [*custom, *(tool_class(r, timeout) for r in rows)]
         self.registry, self.policy = s.registry, s.policy
         if extra:

@@ -76,3 +76,43 @@ def test_grants_deny_wins_and_empty_allow_means_all() -> None:
     assert not granted([agent], "time", "get_current_time")  # no grant on that server
     off = agent.model_copy(update={"enabled": False})
     assert not granted([off], "git", "git_status")
+
+
+def test_a_servers_limits_are_its_own_under_the_settings_ceiling() -> None:
+    from broker.config.settings import Settings
+
+    settings = Settings(mcp_call_timeout_s=60, mcp_call_total_s=600)
+    (plain, own, greedy) = parse_servers(
+        {
+            "plain": {"command": "x"},
+            "own": {"command": "x", "idle_timeout_s": 5, "total_timeout_s": 30},
+            "greedy": {"command": "x", "idle_timeout_s": 9000, "total_timeout_s": 9000},
+        }
+    )
+    assert plain.limits(settings) == (60, 600)
+    assert own.limits(settings) == (5, 30)
+    assert greedy.limits(settings) == (600, 600)  # never past the task's time limit
+
+
+def test_oauth_is_for_http_servers_and_a_service_account_names_its_client() -> None:
+    with pytest.raises(McpConfigError, match="OAuth is for servers over HTTP"):
+        parse_servers({"s": {"command": "x", "oauth": {}}})
+    with pytest.raises(McpConfigError, match="client_credentials needs a client_id"):
+        parse_servers({"s": {"url": "https://h/mcp", "oauth": {"grant": "client_credentials"}}})
+    (server,) = parse_servers(
+        {"s": {"url": "https://h/mcp", "oauth": {"client_id": "c", "client_secret": "shh"}}}
+    )
+    assert server.public()["oauth"] == {
+        "grant": "authorization_code",
+        "client_id": "c",
+        "client_secret": "***",
+        "scope": "",
+    }
+
+
+def test_the_built_ins_are_named_as_the_model_expects() -> None:
+    assert exposed_name("docs", "resources/read") == "mcp_docs__read_resource"
+    assert exposed_name("docs", "prompts/get") == "mcp_docs__get_prompt"
+    names = exposed_names([("docs", "list_resources"), ("docs", "resources/list")])
+    assert names[("docs", "list_resources")] == "mcp_docs__list_resources"  # the server's own
+    assert names[("docs", "resources/list")] == "mcp_docs__list_resources_2"

@@ -149,7 +149,7 @@ def test_listing_commands_print_whole_rows_into_a_pipe_and_json_on_request(
         [*CLAWQ, "mcp", "list"], env=up, capture_output=True, text=True, check=True
     )
     header, row = listed.stdout.splitlines()[:2]
-    assert header.split() == ["name", "transport", "target", "enabled"]
+    assert header.split() == ["name", "transport", "target", "enabled", "protocol", "auth"]
     assert row.split()[:2] == [long_name, "stdio"] and TIME in row and "…" not in listed.stdout
     as_json = json.loads(subprocess.check_output([*CLAWQ, "mcp", "list", "--json"], env=up))
     assert [s["name"] for s in as_json] == [long_name]

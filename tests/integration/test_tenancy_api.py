@@ -56,6 +56,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/mcp/requests"): "self",
     ("GET", "/v1/mcp/requests"): "admin",
     ("POST", "/v1/mcp/requests/{request_id}/review"): "admin",
+    ("POST", "/v1/mcp/servers/{name}/login"): "admin",
+    ("POST", "/v1/mcp/login"): "admin",
+    ("GET", "/oauth/mcp/callback"): "public",  # the sealed state is its key
     ("GET", "/v1/custom-tools"): "admin",
     ("PUT", "/v1/custom-tools"): "admin",
     ("GET", "/v1/custom-tools/{name}"): "admin",
@@ -79,6 +82,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/mcp/servers"): {"mcpServers": {"bobs": {"url": "http://127.0.0.1:9/x"}}},
     ("POST", "/v1/mcp/grants"): {"server": "walked", "user": "bob"},
     ("POST", "/v1/mcp/requests/{request_id}/review"): {"decision": "approve"},
+    ("POST", "/v1/mcp/servers/{name}/login"): {},
+    ("POST", "/v1/mcp/login"): {"state": "s", "code": "c"},
     ("PUT", "/v1/custom-tools"): {**TOOL, "description": "bob's now"},
 }
 
@@ -227,7 +232,7 @@ def test_another_users_objects_are_404_and_admin_routes_403_and_nothing_changes(
             assert response.status_code == expected, (method, path, response.text)
             assert set(response.json()) == {"error"}, response.text
             walked[kind] += 1
-    assert walked == {"object": 10, "admin": 15}
+    assert walked == {"object": 10, "admin": 17}
     assert state(cluster, alices["job_id"]) == before
     # and what bob tried had no effect later: alice's job goes on as hers alone
     with client(api, keys["alice"]) as alice:
@@ -300,7 +305,7 @@ def test_every_v1_route_refuses_a_missing_or_bad_key(
             assert response.status_code == 401, (method, path, response.text)
             assert response.json()["error"]["code"] == "unauthorized"
             count += 1
-    assert count == 27
+    assert count == 29
     assert {k.id: k.last_used_at for k in store.list()} == used  # no key was marked used
 
 
@@ -319,7 +324,7 @@ def test_a_malformed_id_is_404_on_every_route_that_takes_one(
                 assert response.status_code == 404, (who, method, path, response.text)
                 assert response.json()["error"]["code"] == "not_found"
                 count += 1
-    assert count == 10 + 17  # alice's object routes; the admin's, all that take an id
+    assert count == 10 + 18  # alice's object routes; the admin's, all that take an id
 
 
 def test_a_malformed_resume_point_is_refused_before_the_stream(

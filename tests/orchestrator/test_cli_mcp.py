@@ -7,6 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from broker.pg.store import Store
+from broker.stores.mcp import McpStore
 from orchestrator.cli import main as cli
 from tests.conftest import Isolated
 
@@ -28,6 +30,11 @@ def test_servers_grants_and_requests_from_the_cli(isolated: Isolated, tmp_path: 
     listed = clawq("list")
     assert "streamable-http" in listed and "mcp-server-time" in listed
     assert "very-secret" not in listed
+    store = Store(isolated.database_url)
+    McpStore(store).set_facts("time", {"protocol_version": "2025-11-25"})  # as a worker does
+    store.close()
+    (time_row,) = [r for r in clawq("list").splitlines() if r.startswith("time ")]
+    assert time_row.split()[-1] == "2025-11-25"  # the version the workers negotiated
 
     assert clawq("grant", "time", "--agent", "main", "--deny", "convert_time").startswith(
         "granted time to agent main"

@@ -8,6 +8,7 @@ import pytest
 
 from broker.config.settings import Settings
 from broker.protocol import CallContext
+from tests.workers.mcp_harness import harness as harness  # the MCP tests' fixture
 from workers.execute import run_tool as execute_tool
 from workers.registry import default_registry
 from workers.tool import ToolContext, ToolResult

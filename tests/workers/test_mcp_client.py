@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,35 +18,11 @@ import pytest
 from broker.config.mcp import McpServer, parse_servers
 from broker.config.settings import Settings
 from tests.conftest import Isolated
+from tests.workers.mcp_harness import Kept, endpoint, free_port, serve
 from workers.tools.mcp.client import McpError, McpManager
 from workers.tools.mcp.results import to_result
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def serve(transport: str) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.mcp_servers.web_server", transport, str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while True:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert proc.poll() is None and time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}"
-    proc.terminate()
-    proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -73,35 +48,6 @@ def server_pids() -> list[int]:
         ["pgrep", "-P", str(os.getpid()), "-f", "mcp-server-time"], capture_output=True, text=True
     )
     return [int(p) for p in found.stdout.split()]
-
-
-class Harness:
-    """A manager on given servers, recording the catalog it would store."""
-
-    def __init__(self, servers: list[McpServer], **settings: Any) -> None:
-        self.servers = servers
-        self.listed: dict[str, list[str]] = {}
-        self.manager = McpManager(
-            Settings(**settings),
-            lambda: self.servers,
-            lambda server, rows: self.listed.__setitem__(server, [r[0] for r in rows]),
-        )
-
-    def call(self, server: str, tool: str, timeout: float = 15, **args: Any) -> Any:
-        return self.manager.call(server, tool, args, timeout)
-
-
-@pytest.fixture
-def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    made: list[Harness] = []
-
-    def make(servers: dict[str, Any], **settings: Any) -> Harness:
-        made.append(Harness(parse_servers(servers), **settings))
-        return made[-1]
-
-    yield make  # type: ignore[misc]
-    for h in made:
-        h.manager.close()
 
 
 def test_third_party_servers_over_stdio(harness: Any, repo: Path) -> None:
@@ -160,11 +106,6 @@ def test_the_health_check_reconnects_a_dead_server_without_a_call(harness: Any) 
     assert not h.call("time", "get_current_time", timezone="UTC")["isError"]
 
 
-def endpoint(url: str) -> str:
-    """The server's `host:port`, exempted from the egress guard's private block."""
-    return url.split("/")[2]
-
-
 def test_sse_transport(harness: Any, sse_url: str) -> None:
     h = harness(
         {"legacy": {"type": "sse", "url": sse_url, "headers": {"X-Test": "1"}}},
@@ -177,7 +118,7 @@ def test_sse_transport(harness: Any, sse_url: str) -> None:
 def test_an_unreachable_server_fails_cleanly_after_backoff(harness: Any) -> None:
     port = free_port()
     h = harness(
-        {"down": {"url": f"http://127.0.0.1:{port}/mcp"}},
+        {"down": {"url": f"http://127.0.0.1:{port}/mcp", "total_timeout_s": 5}},
         web_private_allow=[f"127.0.0.1:{port}"],
         mcp_reconnect_initial_s=0.05,
         mcp_reconnect_max_s=0.2,
@@ -186,14 +127,14 @@ def test_an_unreachable_server_fails_cleanly_after_backoff(harness: Any) -> None
     )
     started = time.monotonic()
     with pytest.raises(McpError) as first:
-        h.call("down", "anything", timeout=5)
+        h.call("down", "anything")
     assert time.monotonic() - started < 5
     deadline = time.monotonic() + 5
     while h.manager.state().get("down") != "failed":
         assert time.monotonic() < deadline
         time.sleep(0.05)
     with pytest.raises(McpError) as later:
-        h.call("down", "anything", timeout=5)
+        h.call("down", "anything")
     assert "MCP server 'down'" in str(first.value)
     assert str(later.value).startswith(
         "MCP server 'down' is unavailable: 4 reconnection attempts failed (last: ConnectError"
@@ -202,7 +143,10 @@ def test_an_unreachable_server_fails_cleanly_after_backoff(harness: Any) -> None
 
 def test_streamable_http_results_and_timeouts(harness: Any, web_url: str) -> None:
     h = harness(
-        {"web": {"url": web_url, "headers": {"Authorization": "Bearer t"}}},
+        {
+            "web": {"url": web_url, "headers": {"Authorization": "Bearer t"}},
+            "quick": {"url": web_url, "idle_timeout_s": 0.5},
+        },
         web_private_allow=[endpoint(web_url)],
     )
     assert h.call("web", "add", a=2, b=3)["structuredContent"] == {"result": 5}
@@ -213,10 +157,10 @@ def test_streamable_http_results_and_timeouts(harness: Any, web_url: str) -> Non
     )
     failed = to_result("web", h.call("web", "fail", message="boom"), 10_000)
     assert failed.is_error and "fail" in failed.for_llm
-    with pytest.raises(McpError, match=r"nap on MCP server 'web' timed out after 0.5s"):
-        h.call("web", "nap", timeout=0.5, seconds=3)
+    with pytest.raises(McpError, match=r"nap on MCP server 'quick' timed out: no result and no "):
+        h.call("quick", "nap", seconds=3)
     assert h.call("web", "add", a=1, b=1)["structuredContent"] == {"result": 2}  # still usable
-    assert h.listed["web"] == ["add", "nap", "fail", "picture"]
+    assert h.listed["web"][:4] == ["add", "nap", "fail", "picture"]
 
 
 def test_http_servers_meet_the_egress_guard(harness: Any, web_url: str, sse_url: str) -> None:
@@ -237,7 +181,7 @@ def test_http_servers_meet_the_egress_guard(harness: Any, web_url: str, sse_url:
         ("meta", "metadata.google.internal is an internal host name"),
     ):
         with pytest.raises(McpError, match=why):
-            h.call(server, "add", timeout=5, a=1, b=1)
+            h.call(server, "add", a=1, b=1)
 
 
 def test_results_become_text_with_placeholders_and_a_cap() -> None:
@@ -253,8 +197,8 @@ def test_results_become_text_with_placeholders_and_a_cap() -> None:
     full = to_result("s", raw, 1000).for_user
     assert full.splitlines()[1:] == [
         "[audio: audio/wav, 3 bytes, not shown]",
-        "[resource file:///x.bin: binary, not shown]",
-        "[resource link file:///y: y]",
+        "[resource file:///x.bin: application/octet-stream, 3 bytes, not shown]",
+        "[link y <file:///y>; read_resource reads it]",
     ]
     cut = to_result("s", raw, 60).for_user
     assert cut == full[:60] + f"\n[output cut at 60 characters of {len(full)}]"
@@ -299,7 +243,6 @@ def test_on_a_fresh_database_the_manager_waits_for_the_schema_quietly(
 
     import psycopg
 
-    from broker.config.mcp import McpServer
     from broker.pg.store import Store
     from broker.stores.mcp import McpStore
     from tests.conftest import PG_BASE
@@ -313,7 +256,7 @@ def test_on_a_fresh_database_the_manager_waits_for_the_schema_quietly(
     catalog = CatalogStore(Settings(database_url=url))
     try:
         with caplog.at_level(logging.INFO, "clawq.mcp"):
-            manager = McpManager(Settings(database_url=url), catalog.load, catalog.on_tools)
+            manager = McpManager(Settings(database_url=url), catalog.load, catalog.on_listed)
             deadline = time.monotonic() + 10  # its first health check met the bare schema
             while "waiting for the migrations" not in caplog.text:
                 assert time.monotonic() < deadline, caplog.text
@@ -338,3 +281,60 @@ def test_on_a_fresh_database_the_manager_waits_for_the_schema_quietly(
         catalog.close()
         with psycopg.connect(PG_BASE, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_structured_output_is_checked_against_the_output_schema(harness: Any, web_url: str) -> None:
+    h = harness({"web": {"url": web_url}}, web_private_allow=[endpoint(web_url)])
+    good = to_result("web", h.call("web", "weather"), 10_000)
+    assert good.for_user == '{"temperature": 21.5, "conditions": "sunny"}'
+    with pytest.raises(McpError, match="answered liar with a result that does not match the tool"):
+        h.call("web", "liar")  # lists temperature as a string, returns a number
+    assert h.manager.state() == {"web": "connected"}  # a bad result is not a dead session
+    assert not h.call("web", "add", a=1, b=2)["isError"]
+
+
+def test_audio_and_images_become_artifacts(harness: Any, web_url: str) -> None:
+    h = harness({"web": {"url": web_url}}, web_private_allow=[endpoint(web_url)])
+    kept = Kept()
+    sound = to_result("web", h.call("web", "sound"), 10_000, kept)
+    picture = to_result("web", h.call("web", "picture"), 10_000, kept)
+    (wav, audio_mime, _), (png, image_mime, _) = kept.items
+    assert wav.startswith(b"RIFF") and audio_mime == "audio/wav"
+    assert png.startswith(b"\x89PNG") and image_mime == "image/png"
+    assert sound.for_user == f"[audio: artifact art_1 (audio/wav, {len(wav)} bytes)]"
+    assert f"[image: artifact art_2 (image/png, {len(png)} bytes)]" in picture.for_llm
+
+
+@pytest.mark.parametrize("transport", ["streamable-http", "stdio"])
+def test_a_cancelled_call_tells_the_server(
+    harness: Any, web_url: str, tmp_path: Path, transport: str
+) -> None:
+    """Over stdio the SDK sends notifications/cancelled; over streamable HTTP at 2026-07-28
+    it aborts the request's POST, which the server takes as the cancel."""
+    stdio = {"command": sys.executable, "args": ["-m", "tests.mcp_servers.web_server", "stdio"]}
+    entry = stdio if transport == "stdio" else {"url": web_url}
+    h = harness({"web": entry}, web_private_allow=[endpoint(web_url)])
+    marker = tmp_path / "cancelled"
+    started = tmp_path / "cancelled.started"
+    with pytest.raises(McpError, match="hold on MCP server 'web' was cancelled: the job was"):
+        h.manager.call(
+            "web",
+            "hold",
+            {"marker": str(marker)},
+            cancelled=lambda: "the job was cancelled" if started.exists() else None,
+        )
+    deadline = time.monotonic() + 10
+    while not marker.exists():  # notifications/cancelled reached the tool
+        assert time.monotonic() < deadline, "the server was never told"
+        time.sleep(0.05)
+    assert not h.call("web", "add", a=1, b=2)["isError"]
+
+
+def test_progress_notifications_reach_the_caller_in_order(harness: Any, web_url: str) -> None:
+    h = harness(
+        {"web": {"url": web_url, "idle_timeout_s": 1}}, web_private_allow=[endpoint(web_url)]
+    )
+    heard: list[tuple[float, float | None, str | None]] = []
+    done = h.manager.call("web", "steps", {"count": 6, "interval": 0.4}, progress=heard.extend)
+    assert done["content"][0]["text"] == "6 steps"
+    assert heard == [(n, 6, f"step {n}") for n in range(1, 7)]

@@ -1,13 +1,12 @@
-"""MCP sessions of one worker process: one long-lived session per server, on an event loop
-of its own (a thread), made after fork and reused by every call (a new session costs
-~0.9 s, a call on a held one ~1.5 ms).
+"""MCP sessions of one worker process: one long-lived session per server
+(`connection.py`), on an event loop of its own (a thread), made after fork and reused by
+every call (a new session costs ~0.9 s, a call on a held one ~1.5 ms).
 
-Each session is owned by one task (anyio's rule: entered and left in the same task);
-calls from the worker's thread run on the loop through `run_coroutine_threadsafe`. A
-health check every `mcp_health_interval_s` pings the server (older protocol) or lists its
-tools (2026-07-28, which has no ping), which also refreshes the catalog in PostgreSQL. A
-session found dead is reconnected with tenacity (2 s doubling to 60 s, 10 attempts); then
-the server is failed and its calls get a clear error until the next health check.
+Calls from the worker's thread run on the loop through `run_coroutine_threadsafe`; the
+caller polls its job's cancel flag meanwhile, and a cancelled call is cancelled on the
+loop, which tells the server. A health check every `mcp_health_interval_s` pings the
+server (older protocol) or lists its tools (2026-07-28, which has no ping), which also
+refreshes the catalog in PostgreSQL.
 """
 
 from __future__ import annotations
@@ -15,231 +14,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
+import queue
 import threading
+import time
 from collections.abc import Callable
-from contextlib import AsyncExitStack
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from broker.config.mcp import McpServer
 from broker.config.settings import Settings
-from broker.errors import RunError
 from broker.pg.store import StoreNotReady
 from broker.redis import changes
 from broker.redis.changes import Listener
+from workers.tools.mcp.calls import McpError, Progress
+from workers.tools.mcp.catalog import Row
+from workers.tools.mcp.connection import CONNECT_TIMEOUT_S, Auth, Connection, OnListed
+from workers.tools.mcp.oauth import OAuthAuth, Rows
+from workers.tools.mcp.requests import send
 
+__all__ = ["McpError", "McpManager", "manager_for_process"]
 log = logging.getLogger("clawq.mcp")
-CONNECT_TIMEOUT_S = 30.0
-LEGACY_PING_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-
-State = Literal["idle", "connecting", "connected", "failed"]
-
-
-class McpError(RunError):
-    """A call could not be made or failed at the protocol level; the message is for the
-    model: short, and says what to do."""
-
-
-def describe(exc: BaseException) -> str:
-    """The innermost cause of an (often nested) exception group, in one line."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, McpError):
-        return str(exc)
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:300]
-
-
-class Connection:
-    """One server's session and its state."""
-
-    def __init__(self, config: McpServer, settings: Settings, on_tools: Callable[..., None]):
-        self.config = config
-        self.settings = settings
-        self.on_tools = on_tools
-        self.state: State = "idle"
-        self.last_error = ""
-        self.client: Any = None
-        self._stop: asyncio.Event | None = None
-        self._owner: asyncio.Task[None] | None = None
-        self._reconnecting: asyncio.Task[None] | None = None
-
-    async def _transport(self, stack: AsyncExitStack) -> Any:
-        """The server's transport; what it needs to be closed with goes on `stack`."""
-        from mcp import StdioServerParameters, stdio_client
-
-        c = self.config
-        if c.transport == "stdio":
-            params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
-            # the process's real stderr: under Celery, sys.stderr is a proxy without a fileno
-            return stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
-        from workers.egress.async_client import client_factory
-        from workers.egress.netguard import EgressPolicy
-
-        # over HTTP, the guarded client: the server's address is checked like any request
-        guarded = client_factory(lambda: EgressPolicy.from_settings(self.settings))
-        if c.transport == "sse":
-            from mcp.client.sse import sse_client
-
-            return sse_client(c.url, headers=c.headers, httpx_client_factory=guarded)
-        from mcp.client.streamable_http import streamable_http_client
-
-        # streamable HTTP takes headers through its HTTP client
-        http = await stack.enter_async_context(guarded(headers=c.headers))
-        return streamable_http_client(c.url, http_client=http)
-
-    async def _own(self, started: asyncio.Future[None]) -> None:
-        """Hold the session until told to stop or until it dies."""
-        from mcp import Client
-
-        self._stop = asyncio.Event()
-        try:
-            async with AsyncExitStack() as stack:
-                transport = await self._transport(stack)
-                client = await stack.enter_async_context(Client(transport))
-                self.client = client
-                started.set_result(None)
-                await self._stop.wait()
-        except BaseException as exc:
-            if not started.done():
-                started.set_exception(McpError(describe(exc)))
-            elif self.state == "connected":
-                self.lost(describe(exc))
-            if isinstance(exc, asyncio.CancelledError) and self._stop and self._stop.is_set():
-                raise
-        finally:
-            self.client = None
-
-    async def _connect_once(self) -> None:
-        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._owner = asyncio.create_task(self._own(started), name=f"mcp-{self.config.name}")
-        await asyncio.wait_for(started, CONNECT_TIMEOUT_S)
-        await self.refresh_tools()
-
-    async def _reconnect(self) -> None:
-        s = self.settings
-        self.state = "connecting"
-        try:
-            async for attempt in AsyncRetrying(
-                wait=wait_exponential(
-                    multiplier=s.mcp_reconnect_initial_s, max=s.mcp_reconnect_max_s
-                ),
-                stop=stop_after_attempt(s.mcp_reconnect_attempts),
-                reraise=True,
-            ):
-                with attempt:
-                    await self._connect_once()
-            self.state = "connected"
-            self.last_error = ""
-            log.info("MCP server %s connected", self.config.name)
-        except Exception as exc:
-            self.state = "failed"
-            self.last_error = describe(exc)
-            log.warning("MCP server %s failed: %s", self.config.name, self.last_error)
-
-    def reconnect(self) -> asyncio.Task[None]:
-        if self._reconnecting is None or self._reconnecting.done():
-            self._reconnecting = asyncio.create_task(self._reconnect())
-        return self._reconnecting
-
-    def lost(self, reason: str) -> None:
-        """The session died: reconnect in the background."""
-        if self.state != "connected":
-            return
-        log.warning("MCP server %s lost: %s", self.config.name, reason)
-        self.last_error = reason
-        self.close_session()
-        self.reconnect()
-
-    def close_session(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-        self.client = None
-
-    async def session(self, wait_s: float) -> Any:
-        if self.state == "connected" and self.client is not None:
-            return self.client
-        name = self.config.name
-        if self.state == "failed":
-            raise McpError(
-                f"MCP server '{name}' is unavailable: {self.settings.mcp_reconnect_attempts} "
-                f"reconnection attempts failed (last: {self.last_error}). Do not retry now."
-            )
-        task = self.reconnect()
-        await asyncio.wait({task}, timeout=wait_s)
-        if self.state == "connected" and self.client is not None:
-            return self.client
-        raise McpError(
-            f"MCP server '{name}' is not reachable ({self.last_error or 'connecting'}); "
-            "it is being reconnected. Try again later."
-        )
-
-    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> Any:
-        from mcp import MCPError
-        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-
-        client = await self.session(timeout_s)
-        name = self.config.name
-        try:
-            result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
-        except MCPError as exc:
-            if exc.code == REQUEST_TIMEOUT:
-                raise McpError(
-                    f"{tool} on MCP server '{name}' timed out after {timeout_s:g}s"
-                ) from None
-            if exc.code == CONNECTION_CLOSED:
-                self.lost(exc.message)
-                raise McpError(
-                    f"the connection to MCP server '{name}' closed during {tool}; it is being "
-                    "reconnected. The call may or may not have run."
-                ) from None
-            raise McpError(f"MCP server '{name}' refused {tool}: {exc.message}") from None
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # our own cancellation
-            self.lost("the session ended during a call")
-            raise McpError(
-                f"the connection to MCP server '{name}' ended during {tool}; it is being "
-                "reconnected. The call may or may not have run."
-            ) from None
-        except Exception as exc:
-            self.lost(describe(exc))
-            raise McpError(f"MCP server '{name}' failed during {tool}: {describe(exc)}") from None
-        return result.model_dump(mode="json", by_alias=True)
-
-    async def list_tools(self) -> list[Any]:
-        tools: list[Any] = []
-        cursor = None
-        while True:
-            page = await self.client.list_tools(cursor=cursor, cache_mode="bypass")
-            tools += page.tools
-            cursor = page.next_cursor
-            if cursor is None:
-                return tools
-
-    async def refresh_tools(self) -> None:
-        tools = await self.list_tools()
-        rows = [(t.name, t.description or "", dict(t.input_schema)) for t in tools]
-        await asyncio.to_thread(self.on_tools, self.config.name, rows)
-
-    async def check(self) -> None:
-        """The health check: ping where the protocol has it, else list (and refresh)."""
-        if self.state == "failed":
-            self.reconnect()  # a new round of attempts
-            return
-        if self.state != "connected" or self.client is None:
-            return
-        try:
-            if self.client.protocol_version in LEGACY_PING_VERSIONS:
-                await asyncio.wait_for(self.client.session.send_ping(), CONNECT_TIMEOUT_S)
-            else:
-                await asyncio.wait_for(self.refresh_tools(), CONNECT_TIMEOUT_S)
-        except Exception as exc:
-            self.lost(f"health check: {describe(exc)}")
+POLL_S = 0.2  # how often a waiting call looks at its job's cancel flag
+BATCH = 100  # progress notifications passed on at once, at most
+Heard = tuple[float, float | None, str | None]  # a progress notification: done, of, message
 
 
 class McpManager:
@@ -249,11 +47,13 @@ class McpManager:
         self,
         settings: Settings,
         load_servers: Callable[[], list[McpServer]],
-        on_tools: Callable[[str, list[tuple[str, str, dict[str, Any]]]], None],
+        on_listed: OnListed,
+        auth: Auth | None = None,
     ) -> None:
         self.settings = settings
         self.load_servers = load_servers
-        self.on_tools = on_tools
+        self.on_listed = on_listed
+        self.auth = auth
         self.connections: dict[str, Connection] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="clawq-mcp", daemon=True)
@@ -265,19 +65,68 @@ class McpManager:
         """The configuration changed: check every server now, not at the next interval."""
         self.loop.call_soon_threadsafe(self._wake.set)
 
-    def call(self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float) -> Any:
+    def call(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        progress: Callable[[list[Heard]], None] | None = None,
+        workspace: str = "",
+        cancelled: Callable[[], str | None] = lambda: None,
+    ) -> Any:
+        """A tool (or a built-in: `resources/read`, ...) of `server`, from the worker's
+        thread; `progress` hears the server's progress notifications in order, in this
+        thread (which waits anyway: the loop only queues them), as many at a time as came
+        meanwhile; a cancel seen by `cancelled()` cancels the request on the server."""
+        heard: queue.SimpleQueue[Heard | None] = queue.SimpleQueue()
+        on_progress: Progress | None = None
+        if progress is not None:
+
+            async def on_progress(done: float, of: float | None, message: str | None) -> None:
+                heard.put((done, of, message))
+
         future = asyncio.run_coroutine_threadsafe(
-            self._call(server, tool, arguments, timeout_s), self.loop
+            self._call(server, tool, arguments, on_progress, workspace), self.loop
         )
-        return future.result(timeout_s + CONNECT_TIMEOUT_S)
+        future.add_done_callback(lambda _: heard.put(None))  # after every progress put
+        checked = time.monotonic()
+        while True:
+            batch: list[Heard | None] = []
+            with contextlib.suppress(queue.Empty):
+                batch.append(heard.get(timeout=POLL_S))
+                while len(batch) < BATCH:
+                    batch.append(heard.get_nowait())
+            done = None in batch
+            items = [b for b in batch if b is not None]
+            if items and progress is not None:
+                progress(items)
+            if done:
+                return future.result()
+            if time.monotonic() - checked < POLL_S:
+                continue
+            checked = time.monotonic()
+            why = cancelled()
+            if why is not None:
+                future.cancel()  # on the loop: the SDK tells the server
+                with contextlib.suppress(BaseException):
+                    future.result(CONNECT_TIMEOUT_S)
+                raise McpError(f"{tool} on MCP server '{server}' was cancelled: {why}") from None
 
     async def _call(
-        self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        progress: Progress | None,
+        workspace: str,
     ) -> Any:
         connection = self.connections.get(server)
         if connection is None or connection.state != "connected":  # else: the health loop
             connection = await self._sync_one(server)  # follows configuration changes
-        return await connection.call(tool, arguments, timeout_s)
+        return await connection.request(
+            tool, lambda c, p, kept: send(c, tool, arguments, p, kept), progress, workspace
+        )
 
     async def _sync_one(self, name: str) -> Connection:
         servers = {s.name: s for s in await asyncio.to_thread(self.load_servers)}
@@ -291,7 +140,7 @@ class McpManager:
             current.close_session()
             current = None
         if current is None:
-            current = Connection(config, self.settings, self.on_tools)
+            current = Connection(config, self.settings, self.on_listed, self.auth)
             self.connections[config.name] = current
         return current
 
@@ -360,6 +209,7 @@ class CatalogStore:
         from broker.pg.store import Store
 
         self.store = Store(settings.database_url)
+        self.settings = settings
         self.lock = threading.Lock()
 
     def load(self) -> list[McpServer]:
@@ -371,11 +221,33 @@ class CatalogStore:
             except psycopg.errors.UndefinedTable as exc:
                 raise StoreNotReady("the schema is not there yet") from exc
 
-    def on_tools(self, server: str, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    def on_listed(self, server: str, rows: list[Row], facts: dict[str, Any]) -> None:
         from broker.stores.mcp import McpStore
 
         with self.lock:
             McpStore(self.store).replace_tools(server, rows)
+            McpStore(self.store).set_facts(server, facts)
+
+    def oauth_rows(self) -> Rows:
+        """The servers' OAuth grants, on this same connection."""
+        from broker.config.secretbox import SecretBox
+        from broker.stores.mcp_oauth import McpOAuthStore, OAuthGrant, Status, StoredGrant
+
+        grants = McpOAuthStore(self.store, SecretBox.from_settings(self.settings))
+
+        def load(server: str) -> StoredGrant | None:
+            with self.lock:
+                return grants.load(server)
+
+        def save(server: str, grant: OAuthGrant, replaces: int | None) -> int | None:
+            with self.lock:
+                return grants.save(server, grant, replaces=replaces)
+
+        def mark(server: str, status: Status, detail: str) -> None:
+            with self.lock:
+                grants.mark(server, status, detail)
+
+        return Rows(load, save, mark)
 
     def close(self) -> None:
         self.store.close()
@@ -389,7 +261,8 @@ def manager_for_process(settings: Settings) -> McpManager:
     global _manager, _manager_pid
     if _manager is None or _manager_pid != os.getpid():
         catalog = CatalogStore(settings)
-        _manager = McpManager(settings, catalog.load, catalog.on_tools)
+        auth = OAuthAuth(settings, catalog.oauth_rows())
+        _manager = McpManager(settings, catalog.load, catalog.on_listed, auth)
         _manager_pid = os.getpid()
         nudge = _manager.nudge
         Listener(settings.redis_url, [changes.MCP], lambda _: nudge()).start()

@@ -48,14 +48,46 @@ class McpTool(Tool[McpInput]):
         grants = mcp.grants(ctx.context.agent_id, ctx.context.user_id)
         if not granted(grants, self.mcp_server, self.mcp_tool):  # checked again here
             raise ToolError(f"{self.name} is not granted to this agent or user")
-        arguments = args.model_dump()
         try:
             raw = manager_for_process(ctx.settings).call(
-                self.mcp_server, self.mcp_tool, arguments, self.timeout_s
+                self.mcp_server,
+                self.mcp_tool,
+                args.model_dump(),
+                progress=progress_events(ctx, self.name),
+                workspace=ctx.context.workspace,
+                cancelled=ctx.cancelled,
             )
         except McpError as exc:
             raise ToolError(str(exc)) from None
-        return to_result(self.mcp_server, raw, ctx.settings.mcp_output_cap_chars)
+
+        def keep(data: bytes, mime: str, name: str) -> Any:  # images, audio, blobs
+            return ctx.keep_artifact(data, mime, name)
+
+        return to_result(self.mcp_server, raw, ctx.settings.mcp_output_cap_chars, keep)
+
+
+def progress_events(ctx: ToolContext, name: str) -> Any:
+    """The server's progress notifications as `tool_call_progress` events of the job, those
+    that came together in one round trip."""
+    if ctx.redis is None or not ctx.job_id:
+        return None
+    from broker.protocol import Event
+    from broker.redis import events
+
+    client, ttl = ctx.redis, ctx.settings.events_ttl_s
+
+    def report(heard: list[tuple[float, float | None, str | None]]) -> None:
+        batch = []
+        for progress, total, message in heard:
+            data = {"call_id": ctx.call_id, "name": name, "progress": progress, "total": total}
+            if message:
+                data["message"] = message
+            batch.append(Event(type="tool_call_progress", job_id=ctx.job_id, data=data))
+        pipe = client.pipeline(transaction=False)
+        events.add(pipe, batch, ttl)
+        pipe.execute()
+
+    return report
 
 
 class McpRegistry(Registry):
@@ -78,14 +110,16 @@ class McpRegistry(Registry):
         row = McpStore(self._store).resolve(name)
         if row is None:
             return None
-        return tool_class(row, self.settings.mcp_call_timeout_s)()
+        return tool_class(row, self.settings.mcp_call_total_s)()
 
 
 _classes: dict[tuple[str, str], type[McpTool]] = {}
 
 
 def tool_class(row: McpToolRow, timeout_s: float) -> type[McpTool]:
-    """The declaration of one catalog entry (made once per distinct entry)."""
+    """The declaration of one catalog entry (made once per distinct entry); `timeout_s` is
+    the longest a call may take (the settings' total), unless its server's is shorter."""
+    timeout_s = min(row.total_timeout_s or timeout_s, timeout_s)
     fields = [row.server, row.tool, row.description, row.input_schema, timeout_s]
     key = (row.exposed_name, json.dumps(fields, sort_keys=True))
     if key not in _classes:

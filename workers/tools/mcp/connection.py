@@ -1,0 +1,262 @@
+"""One server's session in a worker process, and its state.
+
+The session is owned by one task (anyio's rule: entered and left in the same task). The
+protocol version is negotiated by the SDK (`mode="auto"`: the newest revision it speaks,
+falling back to the initialize handshake of older servers). A session found dead is
+reconnected with tenacity (2 s doubling to 60 s, 10 attempts); then the server is failed
+and its calls get a clear error until the next health check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any, Literal
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from broker.config.mcp import McpServer
+from broker.config.settings import Settings
+from workers.tools.mcp.calls import McpError, OAuthRefused, Progress, describe, innermost, limited
+from workers.tools.mcp.catalog import Row, listing
+from workers.tools.mcp.resources import ResourceCache
+
+log = logging.getLogger("clawq.mcp")
+CONNECT_TIMEOUT_S = 30.0
+LEGACY_PING_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+
+State = Literal["idle", "connecting", "connected", "failed"]
+OnListed = Callable[[str, list[Row], dict[str, Any]], None]
+Auth = Callable[[McpServer], Any]  # the server's httpx2.Auth (OAuth), or None
+
+
+class Connection:
+    """One server's session and its state."""
+
+    def __init__(
+        self, config: McpServer, settings: Settings, on_listed: OnListed, auth: Auth | None = None
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.on_listed = on_listed
+        self.auth = auth
+        self.state: State = "idle"
+        self.last_error = ""
+        self.refused = False  # its OAuth grant was refused: no retry until it changes
+        self.client: Any = None
+        self.bearer: Any = None  # the OAuth of the current session, if the server has it
+        self.resources = ResourceCache()
+        self.roots: list[str] = []  # the workspace of the latest call, offered as the root
+        self._stop: asyncio.Event | None = None
+        self._owner: asyncio.Task[None] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+
+    async def _transport(self, stack: AsyncExitStack) -> Any:
+        """The server's transport; what it needs to be closed with goes on `stack`."""
+        from mcp import StdioServerParameters, stdio_client
+
+        c = self.config
+        if c.transport == "stdio":
+            params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
+            # the process's real stderr: under Celery, sys.stderr is a proxy without a fileno
+            return stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
+        from workers.egress.async_client import client_factory
+        from workers.egress.netguard import EgressPolicy
+
+        # over HTTP, the guarded client: the server's address is checked like any request
+        guarded = client_factory(lambda: EgressPolicy.from_settings(self.settings))
+        auth = self.bearer = self.auth(c) if self.auth is not None else None
+        if c.transport == "sse":
+            from mcp.client.sse import sse_client
+
+            return sse_client(c.url, headers=c.headers, httpx_client_factory=guarded, auth=auth)
+        from mcp.client.streamable_http import streamable_http_client
+
+        # streamable HTTP takes headers (and the OAuth flow) through its HTTP client
+        http = await stack.enter_async_context(guarded(headers=c.headers, auth=auth))
+        return streamable_http_client(c.url, http_client=http)
+
+    async def _list_roots(self, context: Any) -> Any:
+        """The workspaces of the calls made on this session, as `file://` roots."""
+        from pathlib import Path
+
+        import mcp_types
+
+        return mcp_types.ListRootsResult(
+            roots=[mcp_types.Root(uri=Path(r).as_uri(), name=Path(r).name) for r in self.roots]
+        )
+
+    async def _own(self, started: asyncio.Future[None]) -> None:
+        """Hold the session until told to stop or until it dies."""
+        from mcp import Client
+
+        self._stop = asyncio.Event()
+        try:
+            async with AsyncExitStack() as stack:
+                transport = await self._transport(stack)
+                self.resources.clear()
+                client = Client(
+                    transport,
+                    list_roots_callback=self._list_roots,
+                    message_handler=self.resources.on_message,
+                )
+                self.client = await stack.enter_async_context(client)
+                started.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not started.done():
+                inner = innermost(exc)
+                started.set_exception(
+                    inner if isinstance(inner, McpError) else McpError(describe(exc))
+                )
+            elif self.state == "connected":
+                self.lost(describe(exc))
+            if isinstance(exc, asyncio.CancelledError) and self._stop and self._stop.is_set():
+                raise
+        finally:
+            self.client = None
+
+    async def _connect_once(self) -> None:
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._owner = asyncio.create_task(self._own(started), name=f"mcp-{self.config.name}")
+        await asyncio.wait_for(started, CONNECT_TIMEOUT_S)
+        await self.refresh_tools()
+
+    async def _reconnect(self) -> None:
+        s = self.settings
+        self.state = "connecting"
+        try:
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential(
+                    multiplier=s.mcp_reconnect_initial_s, max=s.mcp_reconnect_max_s
+                ),
+                stop=stop_after_attempt(s.mcp_reconnect_attempts),
+                retry=retry_if_not_exception_type(OAuthRefused),  # a person must act first
+                reraise=True,
+            ):
+                with attempt:
+                    await self._connect_once()
+            self.state = "connected"
+            self.last_error = ""
+            log.info("MCP server %s connected", self.config.name)
+        except Exception as exc:
+            self.state = "failed"
+            self.last_error = describe(exc)
+            self.refused = isinstance(exc, OAuthRefused)
+            log.warning("MCP server %s failed: %s", self.config.name, self.last_error)
+
+    def reconnect(self) -> asyncio.Task[None]:
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.create_task(self._reconnect())
+        return self._reconnecting
+
+    def lost(self, reason: str) -> None:
+        """The session died: reconnect in the background."""
+        if self.state != "connected":
+            return
+        log.warning("MCP server %s lost: %s", self.config.name, reason)
+        self.last_error = reason
+        self.close_session()
+        self.reconnect()
+
+    def close_session(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        self.client = None
+
+    def _refused(self) -> bool:
+        """Failed for want of an OAuth grant: said as it is, no retry until it changes."""
+        return self.state == "failed" and self.refused
+
+    async def session(self, wait_s: float) -> Any:
+        if self.state == "connected" and self.client is not None:
+            return self.client
+        name = self.config.name
+        if self._refused():
+            raise McpError(self.last_error)
+        if self.state == "failed":
+            raise McpError(
+                f"MCP server '{name}' is unavailable: {self.settings.mcp_reconnect_attempts} "
+                f"reconnection attempts failed (last: {self.last_error}). Do not retry now."
+            )
+        task = self.reconnect()
+        await asyncio.wait({task}, timeout=wait_s)
+        if self.state == "connected" and self.client is not None:
+            return self.client
+        if self._refused():
+            raise McpError(self.last_error)
+        raise McpError(
+            f"MCP server '{name}' is not reachable ({self.last_error or 'connecting'}); "
+            "it is being reconnected. Try again later."
+        )
+
+    async def offer_root(self, workspace: str) -> None:
+        """Offer the calling job's workspace as the root (servers that ask for roots are told
+        the list changed). Only the latest: a server shared by jobs of several users is
+        never shown another user's workspace."""
+        if not workspace or self.roots == [workspace]:
+            return
+        self.roots = [workspace]
+        client = self.client
+        if client is not None and client.protocol_version in LEGACY_PING_VERSIONS:
+            import mcp_types
+
+            await client.session.send_notification(mcp_types.RootsListChangedNotification())
+
+    async def request(
+        self,
+        label: str,
+        send: Callable[[Any, Progress, ResourceCache], Awaitable[Any]],
+        progress: Progress | None = None,
+        workspace: str = "",
+    ) -> Any:
+        """One request on the session (`send(client, on_progress, resources)`), within the
+        server's idle and total limits; a dead session is reconnected, and the error says
+        so."""
+        idle, total = self.config.limits(self.settings)
+        client = await self.session(min(total, CONNECT_TIMEOUT_S))
+        with contextlib.suppress(Exception):  # roots are a courtesy; the call goes on
+            await self.offer_root(workspace)
+        try:
+            return await limited(
+                self.config.name,
+                label,
+                lambda p: send(client, p, self.resources),
+                idle,
+                total,
+                progress,
+            )
+        except McpError as exc:
+            if exc.lost:
+                self.lost(exc.lost)
+            if getattr(self.bearer, "refused", ""):  # the session died of a refused grant
+                raise McpError(self.bearer.refused) from None
+            raise
+
+    async def refresh_tools(self) -> None:
+        rows, facts = await listing(self.client, self.config.name)
+        await asyncio.to_thread(self.on_listed, self.config.name, rows, facts)
+
+    async def check(self) -> None:
+        """The health check: ping where the protocol has it, else list (and refresh)."""
+        if self.state == "failed":
+            self.reconnect()  # a new round of attempts
+            return
+        if self.state != "connected" or self.client is None:
+            return
+        try:
+            if self.client.protocol_version in LEGACY_PING_VERSIONS:
+                await asyncio.wait_for(self.client.session.send_ping(), CONNECT_TIMEOUT_S)
+            else:
+                await asyncio.wait_for(self.refresh_tools(), CONNECT_TIMEOUT_S)
+        except Exception as exc:
+            self.lost(f"health check: {describe(exc)}")
