@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.config.policy import Ceiling, HooksConfig, PermissionRules, ToolPolicy
+from broker.config.sources import Environment, config_sources
 from broker.stores.context_files import CONTEXT_FILES
 
 TtsProvider = Literal["espeak", "openai", "elevenlabs", "edge"]
@@ -58,9 +59,21 @@ class ImageEndpoint(BaseModel):
 
 
 class Settings(BaseSettings):
-    """All of clawq's configuration; each field is `CLAWQ_<NAME>` in the environment."""
+    """All of clawq's configuration; each field is `CLAWQ_<NAME>` in the environment, or
+    `<name>` in a config file (broker/config/sources.py says which, and in what order)."""
 
     model_config = SettingsConfigDict(env_prefix="CLAWQ_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, Environment(settings_cls), *config_sources(settings_cls))
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"

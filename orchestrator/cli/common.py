@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -78,23 +77,33 @@ def json_option(fn: Any) -> Any:
 URL_VARS = ("CLAWQ_REDIS_URL", "CLAWQ_DATABASE_URL")
 
 
+def services_configured() -> bool:
+    """Whether Redis or PostgreSQL is named (environment or config file): else the local
+    commands run on embedded ones."""
+    from broker.config.loading import DEFAULT, origins
+
+    found = origins()
+    return found["redis_url"] != DEFAULT or found["database_url"] != DEFAULT
+
+
 def settings_for(urls: dict[str, str]) -> Settings:
-    """Settings on the given service URLs (embedded ones), else from the environment."""
+    """Settings on the given service URLs (embedded ones), else as configured."""
+    from broker.config.loading import load_settings
+
     if not urls:
         return settings_from_env()
-    return Settings(redis_url=urls["CLAWQ_REDIS_URL"], database_url=urls["CLAWQ_DATABASE_URL"])
+    return load_settings(redis_url=urls["CLAWQ_REDIS_URL"], database_url=urls["CLAWQ_DATABASE_URL"])
 
 
 def settings_from_env() -> Settings:
-    """Settings for a command talking to a cluster: the environment, else a running
-    embedded stack started by `clawq up`, else the local default services."""
-    from orchestrator.cli.embedded import read_state
+    """Settings for a command talking to a cluster: as configured (environment, config
+    file), on the services of a running `clawq up` when none are named."""
+    from broker.config.loading import load_settings
+    from orchestrator.cli.local.state import find
 
-    if not any(os.environ.get(v) for v in URL_VARS):
-        state = read_state()
-        if state:
-            return settings_for(state)
-    return Settings()
+    if not services_configured() and (state := find()) is not None:
+        return settings_for(state.env())
+    return load_settings()
 
 
 def log_option(fn: Any) -> Any:

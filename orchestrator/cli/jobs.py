@@ -74,6 +74,30 @@ def show_event(event: Event, interactive: bool = False) -> None:
         console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
 
 
+def stack_settings_note() -> None:
+    """Name each setting given to this command that the running local stack does not have:
+    provider and tool settings belong to the stack (its processes read them when `clawq up`
+    starts them), so a value given only to `clawq run` would be silently unused."""
+    from broker.config.loading import DEFAULT, digests, label, load_settings, origins
+    from orchestrator.cli.local.state import find
+
+    state = find()
+    if state is None or not state.settings:
+        return
+    mine = digests(load_settings())
+    for name, origin in origins().items():
+        if origin == DEFAULT or name in ("redis_url", "database_url"):
+            continue
+        if state.settings.get(name) != mine[name]:
+            console.print(
+                f"{label(name, origin)} is not the running stack's: its orchestrator and"
+                " workers keep what `clawq up` started with; restart it with this setting"
+                " (its data is kept)",
+                soft_wrap=True,
+                markup=False,
+            )
+
+
 @click.command()
 @click.argument("prompt")
 @click.option(
@@ -115,6 +139,7 @@ def run(
 ) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
     script = json.loads(Path(script_file).read_text()) if script_file else None
+    stack_settings_note()
     with cluster() as client:
         with refused_as_usage():
             job = client.submit(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from broker.errors import ConfigurationError
 from orchestrator.cli.config import config, secret_key
 from orchestrator.cli.dlq import dlq
 from orchestrator.cli.jobs import approve, cancel, run, steer
 from orchestrator.cli.keys import keys
-from orchestrator.cli.local import demo, up
+from orchestrator.cli.local.commands import demo, up
 from orchestrator.cli.mcp import mcp
 from orchestrator.cli.memory import context, memory
 from orchestrator.cli.ops import health, migrate, status
@@ -16,7 +19,18 @@ from orchestrator.cli.processes import api, flower, orchestrator, worker
 from orchestrator.cli.tools import tools
 
 
-@click.group()
+class Clawq(click.Group):
+    """The group: a configuration error is one line that says what to fix, never a
+    traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigurationError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=Clawq)
 def main() -> None:
     """clawq: distributed tool execution for AI agents, on Celery."""
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from broker.pg.store import migrations
 from broker.redis.presence import Heartbeat, process_id
 from orchestrator.cli import main as cli
-from orchestrator.cli.stack import Stack
+from orchestrator.cli.local.stack import Stack
 from tests.conftest import PG_BASE, Isolated
 
 CLAWQ = Path(sys.executable).parent / "clawq"  # the console script a probe runs
