@@ -75,7 +75,8 @@ def _api_port(settings: Settings, may_move: bool) -> int:
         holder = find()
     except ClawqError:  # a stale state file says nothing about who holds the port
         holder = None
-    by = f" (by clawq up, pid {holder.pid}, data {holder.data})" if holder else ""
+    ours = holder is not None and holder.api_url.endswith(f":{settings.api_port}")
+    by = f" (by clawq up, pid {holder.pid}, data {holder.data})" if holder and ours else ""
     raise StackBusy(
         f"port {settings.api_port} on {settings.api_host} is taken{by}: stop what holds it,"
         " or set CLAWQ_API_PORT (api_port in clawq.toml)"

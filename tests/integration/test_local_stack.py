@@ -1,0 +1,195 @@
+"""`clawq up` as a user runs it, on embedded services in a clawq home of the test's own
+(issue 30): its data outlives a restart (keys, custom tools, MCP servers, context files
+and memory, jobs and their events), and a second stack is refused at once with the reason
+or runs beside the first on data of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from broker.config.settings import Settings
+from broker.stores.memory import MemoryStore
+from orchestrator.client import Client
+from tests.integration.conftest import call, script, wait_until
+
+TOOL = {
+    "name": "say_hello",
+    "description": "Say hello",
+    "parameters": {"type": "object", "properties": {}},
+    "command": "echo hello",
+}
+
+
+@dataclass
+class Home:
+    path: Path
+    env: dict[str, str]
+
+    def clawq(
+        self, *args: str, stdin: str = "", timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            env=self.env,
+            cwd=self.path,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def up(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        log = self.path / f"up-{time.monotonic_ns()}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.cli", "up", *args],
+                env={**self.env, **(env or {})},
+                cwd=self.path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return proc, log
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Home]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWQ_")}
+    env |= {"CLAWQ_HOME": str(tmp_path / "home"), "CLAWQ_WORKSPACE_ROOT": str(tmp_path)}
+    yield Home(tmp_path, env)
+
+
+def until_up(proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> str:
+    """The stack's output once it says it is up (it fails the test if it exits first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if "stack up" in text:
+            return text
+        assert proc.poll() is None, text[-3000:]
+        time.sleep(0.3)
+    raise AssertionError(f"not up within {timeout}s: {log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    proc.wait(timeout)
+
+
+def client_of(home: Home, data: Path | None = None) -> Client:
+    state = json.loads(((data or home.path / "home" / "data") / "stack.json").read_text())
+    return Client(Settings(redis_url=state["redis_url"], database_url=state["database_url"]))
+
+
+@pytest.mark.timeout(600)
+def test_a_restarted_stack_keeps_every_kind_of_state(home: Home) -> None:
+    proc, log = home.up()
+    try:
+        until_up(proc, log)
+        key = home.clawq("keys", "create", "--user", "ann")
+        assert key.returncode == 0, key.stderr
+        assert home.clawq("tools", "add", json.dumps(TOOL)).returncode == 0
+        added = home.clawq("mcp", "add", '{"mcpServers": {"t": {"command": "mcp-server-time"}}}')
+        assert added.returncode == 0, added.stderr
+        soul = home.clawq("context", "set", "main", "SOUL.md", "-", stdin="Be brief.\n")
+        assert soul.returncode == 0, soul.stderr
+        remember = call("m", "write_file", path="MEMORY.md", content="- ann likes tea\n")
+        (home.path / "s.json").write_text(
+            json.dumps(script({"tool_calls": [remember]}, {"text": "remembered"}))
+        )
+        ran = home.clawq("run", "--json", "--script", "s.json", "hello")
+        assert ran.returncode == 0, ran.stderr
+        job_id = json.loads(ran.stdout)["job_id"]
+    finally:
+        stop(proc)
+
+    proc, log = home.up()
+    try:
+        until_up(proc, log)
+        keys = json.loads(home.clawq("keys", "list", "--json").stdout)
+        assert [k["user_id"] for k in keys] == ["ann"]
+        tools = json.loads(home.clawq("tools", "list", "--json").stdout)
+        assert [t["name"] for t in tools] == ["say_hello"]
+        servers = json.loads(home.clawq("mcp", "list", "--json").stdout)
+        assert [s["name"] for s in servers] == ["t"]
+        assert home.clawq("context", "show", "main", "SOUL.md").stdout == "Be brief.\n"
+        client = client_of(home)
+        try:
+            (memory,) = MemoryStore(client.store.conn).documents("main")
+            assert memory.content == "- ann likes tea\n"
+            job = client.job(job_id)
+            assert job.wait(timeout=10).final_text == "remembered"
+            assert "job_finished" in [e.type for e in job.events()]  # Redis was saved too
+        finally:
+            client.close()
+    finally:
+        stop(proc)
+
+
+def holding_a_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.timeout(600)
+def test_a_second_stack_is_refused_at_once_or_runs_beside_with_its_own_data(home: Home) -> None:
+    first, log = home.up()
+    try:
+        until_up(first, log)
+        started = time.monotonic()
+        again = home.clawq("up", timeout=30)
+        lines = again.stderr.strip().splitlines()
+        assert again.returncode == 1 and len(lines) == 1, again.stderr
+        assert lines[0].startswith(f"Error: another clawq up (pid {first.pid}) runs on ")
+        assert time.monotonic() - started < 15  # at once, not after a minute of retries
+        with holding_a_port() as taken:
+            port = taken.getsockname()[1]
+            busy = subprocess.run(
+                [sys.executable, "-m", "orchestrator.cli", "up", "--data", str(home.path / "b")],
+                env={**home.env, "CLAWQ_API_PORT": str(port)},
+                cwd=home.path,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert busy.returncode == 1, busy.stderr
+            assert busy.stderr.strip() == (
+                f"Error: port {port} on 127.0.0.1 is taken: stop what holds it, or set"
+                " CLAWQ_API_PORT (api_port in clawq.toml)"
+            )
+        # beside it, on data of its own: another API port, reached with CLAWQ_DATA
+        second, second_log = home.up("--data", str(home.path / "second"))
+        try:
+            text = until_up(second, second_log)
+            assert f"CLAWQ_DATA={home.path / 'second'}" in text
+            status = home.clawq("status", "--json")
+            beside = subprocess.run(
+                [sys.executable, "-m", "orchestrator.cli", "status", "--json"],
+                env={**home.env, "CLAWQ_DATA": str(home.path / "second")},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert status.returncode == 0 and beside.returncode == 0, beside.stderr
+            assert status.stdout != beside.stdout  # two clusters, each its own processes
+            main = json.loads((home.path / "home" / "stack.json").read_text())
+            assert main["pid"] == first.pid  # the first stays the one commands use
+        finally:
+            stop(second)
+    finally:
+        stop(first)
+    wait_until(lambda: not (home.path / "home" / "stack.json").exists(), 10, "state removed")
