@@ -14,6 +14,7 @@ and the rule or hook that decided; no worker ever sees it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -165,7 +166,9 @@ class Gate:
             reason=asked.reason,
             layer=asked.layer,
             by=asked.by,
+            summary=tool.summary(args),
             timeout_s=self.approval_timeout_s,
+            expires_at=time.time() + self.approval_timeout_s,
         )
         pending = metrics().approvals_pending
         pending.inc()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from broker.errors import RequestError
 from broker.protocol import Event, JobResult
 from orchestrator.cli.common import cluster, refused_as_usage
 from orchestrator.cli.common import diagnostics as console
@@ -34,8 +36,6 @@ ANSWER_KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
 
 def ask_inline(job: Any, event: Event) -> None:
     """Ask the person at the terminal, as Claude Code does, and send the answer."""
-    from broker.errors import RequestError
-
     d = event.data
     console.print(f"  [dim]input:[/] {escape(json.dumps(d['input'])[:400])}")
     choice = click.prompt(
@@ -63,15 +63,50 @@ def show_event(event: Event, interactive: bool = False) -> None:
         console.print(f"[bold]model:[/] {escape(d['text'])}")
     elif event.type == "tool_call_denied":
         console.print(f"[red]✗ {d['name']} refused[/] [dim]({d['layer']})[/] {escape(d['reason'])}")
-    elif event.type == "approval_requested":
+    elif event.type == "approval_requested" and interactive:
         console.print(f"[yellow]? {d['name']} needs approval[/]: {escape(d['reason'])}")
-        if not interactive:
-            console.print(
-                f"  clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
-            )
     elif event.type == "job_finished":
         error = escape(d.get("error") or "")
         console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
+
+
+def ask_line(event: Event) -> str:
+    """One line, never wrapped, for a person elsewhere: what is asked (the whole command of
+    an exec), why, when it times out, and the command that answers it."""
+    d = event.data
+    given = d.get("input") or {}
+    if isinstance(given.get("command"), str):
+        what = f"{d['name']}({given['command']})"
+    else:
+        what = f"{d.get('summary') or d['name']} {json.dumps(given)[:300]}"
+    timeout = f"; denied in {d['timeout_s']:g}s if unanswered" if d.get("timeout_s") else ""
+    line = (
+        f"? {what} needs approval ({d['reason']}{timeout}): "
+        f"clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
+    )
+    return line.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def on_ask(job: Any, event: Event, policy: str, interactive: bool) -> str | None:
+    """Answer or announce an approval request as `--on-ask` says; returns why the run
+    stops (fail), else None."""
+    if policy == "wait" and interactive:
+        ask_inline(job, event)
+        return None
+    click.echo(ask_line(event), err=True)
+    if policy == "wait":
+        return None
+    request = event.data["request_id"]
+    with contextlib.suppress(RequestError):  # answered or timed out meanwhile
+        job.approve(request, "deny", by="clawq run --on-ask " + policy)
+    if policy == "deny":
+        return None
+    job.cancel()
+    name = event.data["name"]
+    return (
+        f"job {job.id} stopped: {name} needs approval and no one is here to give it; allow"
+        f" it beforehand (--allow {name}, or a narrower rule), or run with --on-ask wait"
+    )
 
 
 def stack_settings_note() -> None:
@@ -129,29 +164,43 @@ def stack_settings_note() -> None:
 @click.option("--max-iterations", type=int, default=None)
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option(
+    "--on-ask",
+    "ask_policy",
+    type=click.Choice(["wait", "deny", "fail"]),
+    default=None,
+    help="An approval request: wait for an answer (inline on a terminal, else `clawq"
+    " approve`), deny it, or fail (cancel the job, exit 1). Default: wait on a terminal,"
+    " fail otherwise. Each ask is printed on stderr at once.",
+)
 def run(
     prompt: str,
     script_file: str | None,
     workspace: str,
     timeout: float,
     as_json: bool,
+    ask_policy: str | None,
     **options: Any,
 ) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
     script = json.loads(Path(script_file).read_text()) if script_file else None
+    terminal = sys.stdin.isatty()
+    policy = ask_policy or ("wait" if terminal else "fail")
     stack_settings_note()
+    stopped = None
     with cluster() as client:
         with refused_as_usage():
             job = client.submit(
                 prompt, script=script, workspace=os.path.abspath(workspace), **options
             )
         if not as_json:
-            interactive = sys.stdin.isatty()  # a person is there: ask inline
             console.print(f"job {job.id}")
-            for event in job.events():
+        interactive = terminal and not as_json
+        for event in job.events():
+            if not as_json:
                 show_event(event, interactive)
-                if interactive and event.type == "approval_requested":
-                    ask_inline(job, event)
+            if event.type == "approval_requested" and stopped is None:
+                stopped = on_ask(job, event, policy, interactive)
         result = job.wait(timeout=timeout)
     if as_json:
         click.echo(json.dumps(result_json(result)))
@@ -161,6 +210,8 @@ def run(
             u = result.usage
             cost = f", ${u.cost_usd:.4f}" if u.cost_usd else ""
             console.print(f"usage: {u.turns} model turns, {u.tokens} tokens{cost}")
+    if stopped:
+        click.echo(stopped, err=True)
     sys.exit(0 if result.status == "completed" else 1)
 
 

@@ -185,6 +185,82 @@ def test_a_new_mcp_servers_tools_reach_the_catalog_within_seconds(up: dict[str, 
     }
 
 
+LONG = "echo " + "word-" * 40 + "end"  # ~200 characters: a wrapped line would cut it
+
+
+def asking(
+    env: dict[str, str], tmp_path: Path, workspace: Path, *options: str
+) -> subprocess.Popen[str]:
+    """`clawq run --json` with no terminal on a job whose one exec call asks."""
+    script = write_script(
+        tmp_path / "ask.json",
+        {"tool_calls": [{"id": "t", "name": "exec", "input": {"command": LONG}}]},
+        {"text": "done"},
+    )
+    return subprocess.Popen(
+        [*CLAWQ, "run", "--json", "--ask", "exec", "--script", script, "--workspace",
+         str(workspace), *options, "go"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def ask_line(line: str) -> list[str]:
+    """The ask as one unwrapped line: the whole command, the timeout, the answer."""
+    assert line.startswith(f"? exec({LONG}) needs approval ("), line
+    assert "; denied in 120s if unanswered): clawq approve " in line
+    assert line.rstrip("\n").endswith(" allow-once|allow-always|deny")
+    return line.split("clawq approve ", 1)[1].split()[:2]  # job id, request id
+
+
+def test_run_without_a_terminal_says_each_ask_at_once_and_fails_by_default(
+    up: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    proc = asking(up, tmp_path, workspace)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30  # not the approval's 120 s
+    assert proc.returncode == 1
+    result = json.loads(out)  # stdout is still exactly the one object
+    assert result["status"] == "cancelled"
+    lines = err.splitlines()
+    job_id, _ = ask_line(lines[0])
+    assert job_id == result["job_id"]
+    assert lines[-1].startswith(f"job {job_id} stopped: exec needs approval and no one is")
+    assert "--on-ask wait" in lines[-1]
+
+
+def test_run_on_ask_deny_answers_at_once_and_the_job_goes_on(
+    up: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    proc = asking(up, tmp_path, workspace, "--on-ask", "deny")
+    out, err = proc.communicate(timeout=60)
+    result = json.loads(out)
+    assert (proc.returncode, result["status"], result["final_text"]) == (0, "completed", "done")
+    (denied,) = result["tool_calls"]
+    assert denied["is_error"] and "denied exec" in denied["output"]
+    ask_line(err.splitlines()[0])
+
+
+def test_run_on_ask_wait_prints_the_line_that_answers_it(
+    up: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    proc = asking(up, tmp_path, workspace, "--on-ask", "wait")
+    assert proc.stderr is not None
+    job_id, request_id = ask_line(proc.stderr.readline())  # at once, while it waits
+    answered = subprocess.run(
+        [*CLAWQ, "approve", job_id, request_id, "allow-once"], env=up, capture_output=True
+    )
+    assert answered.returncode == 0, answered.stderr
+    out, _ = proc.communicate(timeout=60)
+    result = json.loads(out)
+    assert (proc.returncode, result["status"]) == (0, "completed")
+    assert result["tool_calls"][0]["output"].startswith(LONG[5:])
+
+
 def test_run_on_a_terminal_asks_inline_and_always_is_remembered(
     up: dict[str, str], workspace: Path, tmp_path: Path
 ) -> None:
