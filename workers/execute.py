@@ -62,8 +62,9 @@ class WorkerRuntime:
     def start(cls, settings: Settings, registry: Registry, queue: str, node: str) -> WorkerRuntime:
         client = redis.Redis.from_url(settings.redis_url)
         proc_id = process_id("worker", settings.node())
-        info = {"kind": "worker", "queue": queue, "node": node}
-        if queue == "runtime":
+        queues = queue.split(",")  # a worker of several light groups consumes each
+        info: dict[str, Any] = {"kind": "worker", "queue": queue, "queues": queues, "node": node}
+        if "runtime" in queues:
             info["confinement"] = confine.describe(confine.for_settings(settings))
         heartbeat = Heartbeat(
             client,
@@ -72,7 +73,7 @@ class WorkerRuntime:
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
             node=settings.node(),
-            also=(keys.consumer(f"{queue}.{settings.node()}"),),
+            also=tuple(keys.consumer(f"{q}.{settings.node()}") for q in queues),
         )
         heartbeat.start()
         tracing.setup(settings.otlp_endpoint, f"worker-{queue}")  # per process: after the fork
@@ -88,7 +89,7 @@ class WorkerRuntime:
         # moments, and each call checks its counter first (`follow_config`)
         Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
         runtime.follow_config()  # applied before this process began
-        if queue == "runtime":
+        if "runtime" in queues:
             threading.Thread(
                 target=runtime.end_sessions, name="clawq-sessions", daemon=True
             ).start()
@@ -184,8 +185,9 @@ class WorkerRuntime:
             except (SandboxError, redis.RedisError) as exc:
                 log.warning("sandbox reaper: %s", exc)
 
-    def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
+    def run_call(self, envelope: CallEnvelope, queue: str = "") -> CallOutcome | None:
         """Execute (or answer from the ledger) and push the outcome; None if skipped.
+        `queue`: the one it came from (a worker may consume several).
 
         A read's first delivery runs while its claim is on the way (running it twice
         changes nothing); any other call, and a read sent again (its runner died: it may
@@ -217,11 +219,12 @@ class WorkerRuntime:
             log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)
             return None
         attempts = int(begun.detail)
+        queue = queue or self.queue
         m = metrics()
         if envelope.sent_at:
-            m.queue_wait.labels(self.queue).observe(max(0.0, started - envelope.sent_at))
+            m.queue_wait.labels(queue).observe(max(0.0, started - envelope.sent_at))
         if attempts > 1:
-            m.redeliveries.labels(self.queue).inc()
+            m.redeliveries.labels(queue).inc()
         if begun.verdict == "exhausted":
             result = ToolResult.error(
                 f"{envelope.tool} was abandoned: the process running it died {begun.detail} "
@@ -242,7 +245,7 @@ class WorkerRuntime:
             for_user=self.scrub(result.for_user),
             is_error=result.is_error,
             metadata=self.scrub.values(result.metadata),
-            queue=self.queue,
+            queue=queue,
             worker=self.proc_id,
             attempts=attempts,
             started_at=started,

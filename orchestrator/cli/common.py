@@ -29,7 +29,7 @@ from broker.protocol import Group
 if TYPE_CHECKING:
     from orchestrator.client import LocalClient
 
-diagnostics = Console(stderr=True)
+diagnostics = Console(stderr=True, soft_wrap=True)  # a line is never cut in two
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from broker.errors import ConfigurationError
+from broker.errors import ConfigurationError, RunError
 from orchestrator.cli.config import config, secret_key
 from orchestrator.cli.dlq import dlq
 from orchestrator.cli.jobs import approve, cancel, run, steer
@@ -20,13 +20,13 @@ from orchestrator.cli.tools import tools
 
 
 class Clawq(click.Group):
-    """The group: a configuration error is one line that says what to fix, never a
-    traceback."""
+    """The group: an expected failure (the configuration, a service away, a stack that
+    could not start) is one line that says what to do, never a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except ConfigurationError as exc:
+        except (ConfigurationError, RunError) as exc:
             raise click.ClickException(str(exc)) from None
 
 

@@ -30,6 +30,7 @@ import click
 from broker.config.settings import Settings
 from broker.errors import Signal
 from broker.protocol import AGENTS_QUEUE
+from broker.redis.presence import queues_of
 from orchestrator.cli.common import group_option, json_option, settings_from_env, table
 
 PROBES = ("ready", "live", "all")
@@ -149,7 +150,7 @@ def check_heartbeat(settings: Settings, kind: str, queue: str) -> str:
         socket_timeout=CONNECT_TIMEOUT_S,
     )
     try:
-        live = [p for p in heartbeats(client, kind, node) if p.get("queue") == queue]
+        live = [p for p in heartbeats(client, kind, node) if queue in queues_of(p)]
     except redis.RedisError as exc:
         click.echo(
             f"liveness not judged: redis unreachable at {where(settings.redis_url)}"
@@ -269,7 +270,8 @@ def status(as_json: bool) -> None:
         "queues": {},
     }
     for proc in sorted((p for p in live if p.get("kind") == "worker"), key=lambda p: p["id"]):
-        report["queues"].setdefault(proc["queue"], []).append(proc)
+        for queue in queues_of(proc):  # a worker of several light groups is under each
+            report["queues"].setdefault(queue, []).append(proc)
     from broker import keys
 
     found: dict[bytes, bytes] = client.hgetall(keys.CALLS_WAITING)  # type: ignore[assignment]

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ def status(env: dict[str, str]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def up() -> Iterator[dict[str, str]]:
     iso = Isolated()
-    env = {**os.environ, **iso.env()}
+    env = {**os.environ, **iso.env(), "CLAWQ_HOME": tempfile.mkdtemp(prefix="clawq-home-")}
     proc = subprocess.Popen([*CLAWQ, "up", "--log-level", "warning"], env=env)
     try:
         deadline = time.monotonic() + 60
@@ -52,7 +53,7 @@ def test_up_status_and_run_json(up: dict[str, str], workspace: Path, tmp_path: P
     report = json.loads(subprocess.check_output([*CLAWQ, "status", "--json"], env=up))
     (orchestrator,) = report["orchestrators"]
     assert orchestrator["pid"] > 0 and orchestrator["host"]
-    assert all(w["queue"] == "fs" for w in report["queues"]["fs"])
+    assert all("fs" in w["queues"] for w in report["queues"]["fs"])  # maybe with others
 
     script = tmp_path / "script.json"
     script.write_text(

@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from broker.config.settings import Settings
 from broker.stores.memory import MemoryStore
+from orchestrator.cli.local.embedded import free_port
 from orchestrator.client import Client
 from tests.integration.conftest import call, script, wait_until
 
@@ -56,7 +60,7 @@ class Home:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.cli", "up", *args],
-                env={**self.env, **(env or {})},
+                env=self.env if env is None else env,
                 cwd=self.path,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -65,10 +69,22 @@ class Home:
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Iterator[Home]:
+def home() -> Iterator[Home]:
+    """A clawq home of the test's own, outside pytest's temporary folders: the embedded
+    PostgreSQL runs as its own user (we are root), which must reach its data, and a
+    pytest session starting on this machine closes /tmp/pytest-of-root to all but root.
+    The API on a free port: another stack on this machine may hold 8420."""
+    root = Path(tempfile.mkdtemp(prefix="clawq-home-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWQ_")}
-    env |= {"CLAWQ_HOME": str(tmp_path / "home"), "CLAWQ_WORKSPACE_ROOT": str(tmp_path)}
-    yield Home(tmp_path, env)
+    env |= {
+        "CLAWQ_HOME": str(root / "home"),
+        "CLAWQ_WORKSPACE_ROOT": str(root),
+        "CLAWQ_API_PORT": str(free_port()),
+    }
+    try:
+        yield Home(root, env)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def until_up(proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> str:
@@ -93,11 +109,31 @@ def client_of(home: Home, data: Path | None = None) -> Client:
     return Client(Settings(redis_url=state["redis_url"], database_url=state["database_url"]))
 
 
+def clawq_processes(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """`clawq up` and every process it started (the embedded services are not Python)."""
+    root = psutil.Process(proc.pid)
+    return [p for p in [root, *root.children(recursive=True)] if p.name().startswith("python")]
+
+
+def quiet(text: str, home: Home) -> None:
+    """One line per process started, the state, the stack's line: no banner, no warning
+    per process; the superuser warning explained once; the processes' output in the log."""
+    lines = text.strip().splitlines()
+    assert len(lines) <= 12, text
+    allowed = ("started ", "data: ", "running as root: ", "stack up: ")
+    assert all(line.startswith(allowed) for line in lines), text
+    assert sum(line.startswith("started ") for line in lines) == 2 + 6  # services, processes
+    assert "SecurityWarning" not in text and "celery@" not in text
+    logged = (home.path / "home" / "data" / "up.log").read_text()
+    assert "[tasks]" in logged  # Celery's banners went there
+
+
 @pytest.mark.timeout(600)
 def test_a_restarted_stack_keeps_every_kind_of_state(home: Home) -> None:
     proc, log = home.up()
     try:
-        until_up(proc, log)
+        quiet(until_up(proc, log), home)
+        assert len(clawq_processes(proc)) < 12
         key = home.clawq("keys", "create", "--user", "ann")
         assert key.returncode == 0, key.stderr
         assert home.clawq("tools", "add", json.dumps(TOOL)).returncode == 0
@@ -172,7 +208,8 @@ def test_a_second_stack_is_refused_at_once_or_runs_beside_with_its_own_data(home
                 " CLAWQ_API_PORT (api_port in clawq.toml)"
             )
         # beside it, on data of its own: another API port, reached with CLAWQ_DATA
-        second, second_log = home.up("--data", str(home.path / "second"))
+        moved = {k: v for k, v in home.env.items() if k != "CLAWQ_API_PORT"}  # the default
+        second, second_log = home.up("--data", str(home.path / "second"), env=moved)
         try:
             text = until_up(second, second_log)
             assert f"CLAWQ_DATA={home.path / 'second'}" in text
@@ -193,3 +230,15 @@ def test_a_second_stack_is_refused_at_once_or_runs_beside_with_its_own_data(home
     finally:
         stop(first)
     wait_until(lambda: not (home.path / "home" / "stack.json").exists(), 10, "state removed")
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_prints_its_processes_and_the_agent_trace_only(home: Home) -> None:
+    done = home.clawq("demo", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = (done.stdout + done.stderr).splitlines()
+    assert len(out) < 40, "\n".join(out)  # it was ~1,140 lines
+    assert sum(line.startswith("started ") for line in out) == 2 + 6
+    assert any(line.startswith("model: ") for line in out)  # the agent's trace
+    assert done.stdout.splitlines()[-1].startswith("demo completed")
+    assert not any("celery@" in line or "Warning" in line for line in out), "\n".join(out)

@@ -150,3 +150,13 @@ def test_run_names_the_settings_the_running_stack_lacks(
     assert said[0].startswith("CLAWQ_OPENAI_BASE_URL is not the running stack's")
     assert said[1].startswith("CLAWQ_WEB_PRIVATE_ALLOW is not the running stack's")
     assert "restart it with this setting" in said[0]
+
+
+def test_a_worker_takes_several_light_groups_but_not_runtime_web_or_ui(home: Path) -> None:
+    line = one_line(clawq("worker", "--group", "fs,runtime,ui"))
+    assert line == (
+        "Error: runtime, ui need a worker of their own (their pools and host queues); only the"
+        " other groups share one"
+    )
+    unknown = clawq("worker", "--group", "fs,disk")
+    assert unknown.exit_code == 2 and "disk: not a group" in unknown.stderr

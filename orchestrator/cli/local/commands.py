@@ -27,31 +27,14 @@ from rich.markup import escape
 from broker.config.loading import DEFAULT, digests, load_settings, origins
 from broker.config.settings import Settings
 from broker.errors import ClawqError
-from broker.protocol import Group
 from orchestrator.cli.common import diagnostics as console
 from orchestrator.cli.common import log_option, services_configured, settings_for, table
 from orchestrator.cli.jobs import show_event
+from orchestrator.cli.local import launch
 from orchestrator.cli.local.embedded import EmbeddedServices, ephemeral_folder, free_port
 from orchestrator.cli.local.state import DataLock, StackBusy, StackState, default_data, find
 
 T = TypeVar("T")
-
-
-def _groups(settings: Settings) -> list[str]:
-    """Every group with tools, and mcp (its tools come from the servers configured); ui
-    only where Chromium is installed."""
-    from workers.registry import default_registry
-
-    groups = [g.value for g in default_registry().groups()] + [Group.mcp.value]
-    executable = settings.browser_executable
-    if Group.ui.value in groups and not os.path.exists(executable):
-        click.echo(
-            f"no Chromium at {executable}: starting no ui worker (the browser tool will not"
-            " answer); install chromium or set CLAWQ_BROWSER_EXECUTABLE",
-            err=True,
-        )
-        groups.remove(Group.ui.value)
-    return groups
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -99,11 +82,18 @@ def local_services(
     try:
         checked = check()
         services = EmbeddedServices.start(lock.data, ephemeral=folder is None)
+        console.print(f"started Redis (embedded) on {services.redis_url}", markup=False)
+        console.print(f"started PostgreSQL (embedded) in {lock.data / 'pgdata'}", markup=False)
         yield services, checked
     finally:
         lock.release()
         if services is not None:
             services.stop()
+
+
+verbose_option = click.option(
+    "-v", "--verbose", is_flag=True, help="The processes' output here, not in the log file."
+)
 
 
 @click.command()
@@ -112,7 +102,7 @@ def local_services(
     "workers_per_group",
     default=1,
     show_default=True,
-    help="Worker processes per tool group.",
+    help="Worker processes per tool group (the light groups share one).",
 )
 @click.option(
     "--data",
@@ -121,11 +111,13 @@ def local_services(
     help="The embedded services' data (default ~/.clawq/data): a second stack needs its own.",
 )
 @click.option("--ephemeral", is_flag=True, help="Data in a temporary folder, removed at exit.")
+@verbose_option
 @log_option
-def up(workers_per_group: int, data: Path | None, ephemeral: bool, log_level: str) -> None:
+def up(
+    workers_per_group: int, data: Path | None, ephemeral: bool, verbose: bool, log_level: str
+) -> None:
     """Run a local stack in the foreground: an orchestrator and workers for every group."""
-    from orchestrator.cli.local.stack import Stack
-
+    launch.quiet_here()
     settings = load_settings()
     if services_configured() and (data or ephemeral):
         raise click.UsageError("--data and --ephemeral are for the embedded services; the"
@@ -134,30 +126,52 @@ def up(workers_per_group: int, data: Path | None, ephemeral: bool, log_level: st
         raise click.UsageError("--data or --ephemeral, not both")
     folder = None if ephemeral else (data or default_data()).expanduser().resolve()
     with local_services(folder, lambda: _api_port(settings, data is not None)) as (services, port):
-        env = services.env() if services else {}
+        env = (services.env() if services else {}) | launch.child_env()
         if port != settings.api_port:
             env["CLAWQ_API_PORT"] = str(port)
-        settings = settings_for(env) if env else settings
+        settings = settings_for(env) if services else settings
         api_url = f"http://{settings.api_host}:{port}"
         if services is not None:
             _publish(services, settings, api_url)
-        stack = Stack(_groups(settings), workers_per_group, env=env, log_level=log_level, api=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the stack on TERM too
-        try:
-            stack.start()
-            stack.wait_ready(settings.redis_url)
-            console.print(
-                f"[green]stack up[/]: orchestrator + {workers_per_group} worker(s) for "
-                f"{', '.join(stack.groups)}; the API on {api_url} (keys: clawq keys create"
-                " --user U). Ctrl-C stops it."
-            )
-            while True:  # a process that dies is restarted, with a backoff
-                stack.supervise(lambda line: console.print(f"[yellow]{escape(line)}[/]"))
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            stack.stop()
+        _run(settings, workers_per_group, env, log_level, verbose, folder, api_url)
+
+
+def _run(
+    settings: Settings,
+    workers_per_group: int,
+    env: dict[str, str],
+    log_level: str,
+    verbose: bool,
+    folder: Path | None,
+    api_url: str,
+) -> None:
+    """The stack's processes, supervised until Ctrl-C or TERM; stopped in order."""
+    from orchestrator.cli.local.stack import Stack
+
+    path = launch.log_file(folder)
+    log = None if verbose else launch.open_log(path)
+    workers = launch.layout(launch.groups(settings))
+    stack = Stack(workers, workers_per_group, env=env, log_level=log_level, api=True, log=log)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the stack on TERM too
+    launch.superuser_note()
+    try:
+        stack.start()
+        launch.announce(stack)
+        stack.wait_ready(settings.redis_url, where=str(path))
+        console.print(
+            f"[green]stack up[/]: the API on {api_url} (keys: clawq keys create --user U);"
+            f" the processes' output in {path if log else 'this terminal'}. Ctrl-C stops it."
+        )
+        while True:  # a process that dies is restarted, with a backoff
+            stack.supervise(lambda line: console.print(f"[yellow]{escape(line)}[/]"))
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        console.print("stopping: the workers, the orchestrator and the API, then the services")
+        stack.stop()
+        if log is not None:
+            log.close()
 
 
 def _publish(services: EmbeddedServices, settings: Settings, api_url: str) -> None:
@@ -181,25 +195,31 @@ def _publish(services: EmbeddedServices, settings: Settings, api_url: str) -> No
 
 @click.command()
 @click.option("--workers", "workers_per_group", default=1, show_default=True)
-def demo(workers_per_group: int) -> None:
+@verbose_option
+def demo(workers_per_group: int, verbose: bool) -> None:
     """Run a bundled scripted job across real worker processes, then shut everything down."""
     from orchestrator.cli.local.stack import Stack
     from orchestrator.client import LocalClient
 
+    launch.quiet_here()
     load_settings()
     script = json.loads((resources.files("orchestrator.cli") / "demo_script.json").read_text())
     ok = False
     with local_services(None, lambda: None) as (services, _):
-        env = services.env() if services else {}
+        env = (services.env() if services else {}) | launch.child_env()
         env["CLAWQ_API_PORT"] = str(free_port())  # beside any stack already up
         settings = settings_for(env)
-        stack = Stack(_groups(settings), workers_per_group, env=env, api=True)
+        path = launch.log_file(None).with_name("demo.log")
+        log = None if verbose else launch.open_log(path)
+        workers = launch.layout(launch.groups(settings))
+        stack = Stack(workers, workers_per_group, env=env, api=True, log=log)
+        launch.superuser_note()
         try:
             stack.start()
-            stack.wait_ready(settings.redis_url)
-            console.print(
-                "[green]stack up[/]: orchestrator + workers for " + ", ".join(stack.groups)
-            )
+            launch.announce(stack)
+            stack.wait_ready(settings.redis_url, where=str(path))
+            if log is not None:
+                console.print(f"stack up; the processes' output in {path}")
             with (
                 tempfile.TemporaryDirectory(prefix="clawq-demo-") as workspace,
                 LocalClient(settings) as client,
@@ -224,4 +244,6 @@ def demo(workers_per_group: int) -> None:
                 click.echo(f"demo {result.status}: {result.final_text}")
         finally:
             stack.stop()
+            if log is not None:
+                log.close()
     sys.exit(0 if ok else 1)
