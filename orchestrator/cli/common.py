@@ -16,13 +16,14 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from broker.config.settings import Settings
-from broker.errors import RequestError
+from broker.errors import RequestError, Unavailable
 from broker.pg.store import Store
 from broker.protocol import Group
 
@@ -121,6 +122,41 @@ def setup_logging(level: str) -> None:
     )
 
 
+def where(url: str) -> str:
+    """host:port of a service URL, or its socket folder, without its credentials."""
+    parts = urlsplit(url)
+    if not parts.hostname and (socket := parse_qs(parts.query).get("host")):
+        return socket[0]
+    host = parts.hostname or "localhost"
+    return f"{host}:{parts.port}" if parts.port else host
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def reachable(settings: Settings) -> Iterator[None]:
+    """Redis or PostgreSQL away (stopped, never started, a wrong URL) is one line that says
+    which and what to do, never a traceback."""
+    import psycopg
+    import redis
+
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise Unavailable(
+            f"Redis at {where(settings.redis_url)} is unreachable ({first_line(exc)}): start"
+            " the stack (clawq up) or name it (CLAWQ_REDIS_URL)"
+        ) from None
+    except psycopg.OperationalError as exc:
+        raise Unavailable(
+            f"PostgreSQL at {where(settings.database_url)} is unreachable ({first_line(exc)}):"
+            " start the stack (clawq up) or name it (CLAWQ_DATABASE_URL)"
+        ) from None
+
+
 @contextmanager
 def refused_as_usage() -> Iterator[None]:
     """A refused request is one line on stderr that says what to change, never a traceback."""
@@ -135,7 +171,8 @@ def cluster() -> Iterator[LocalClient]:
     """The client of the cluster this command talks to (see `settings_from_env`)."""
     from orchestrator.client import LocalClient
 
-    with LocalClient(settings_from_env()) as client, refused_as_usage():
+    settings = settings_from_env()
+    with reachable(settings), LocalClient(settings) as client, refused_as_usage():
         yield client
 
 
@@ -144,12 +181,13 @@ def database() -> Iterator[tuple[Settings, Store]]:
     """The settings and the migrated store of the cluster this command talks to: for the
     operator's commands that read PostgreSQL directly (keys, config, dlq, memory)."""
     settings = settings_from_env()
-    store = Store(settings.database_url)
-    try:
-        store.migrate()
-        yield settings, store
-    finally:
-        store.close()
+    with reachable(settings):
+        store = Store(settings.database_url)
+        try:
+            store.migrate()
+            yield settings, store
+        finally:
+            store.close()
 
 
 def group_option(help: str) -> Callable[[F], F]:

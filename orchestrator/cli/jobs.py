@@ -7,15 +7,17 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.markup import escape
 
-from broker.errors import RequestError
+from broker.errors import RequestError, RunError, Unavailable
 from broker.protocol import Event, JobResult
-from orchestrator.cli.common import cluster, refused_as_usage
+from orchestrator.cli.common import cluster, first_line, refused_as_usage
 from orchestrator.cli.common import diagnostics as console
 
 
@@ -109,6 +111,24 @@ def on_ask(job: Any, event: Event, policy: str, interactive: bool) -> str | None
     )
 
 
+@contextmanager
+def lost_stack(job_id: str) -> Iterator[None]:
+    """The stack stopping while `clawq run` follows a job ends it with one line: the job
+    is kept and goes on when the stack is back."""
+    import psycopg
+    import redis
+
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError, psycopg.OperationalError) as exc:
+        raise Unavailable(
+            f"the stack went away while job {job_id} ran ({first_line(exc)}); the job goes on"
+            " when it is back (clawq up)"
+        ) from None
+    except TimeoutError as exc:  # --timeout passed
+        raise RunError(f"{exc}: it goes on; raise --timeout to wait longer") from None
+
+
 def stack_settings_note() -> None:
     """Name each setting given to this command that the running local stack does not have:
     provider and tool settings belong to the stack (its processes read them when `clawq up`
@@ -196,12 +216,13 @@ def run(
         if not as_json:
             console.print(f"job {job.id}")
         interactive = terminal and not as_json
-        for event in job.events():
-            if not as_json:
-                show_event(event, interactive)
-            if event.type == "approval_requested" and stopped is None:
-                stopped = on_ask(job, event, policy, interactive)
-        result = job.wait(timeout=timeout)
+        with lost_stack(job.id):
+            for event in job.events():
+                if not as_json:
+                    show_event(event, interactive)
+                if event.type == "approval_requested" and stopped is None:
+                    stopped = on_ask(job, event, policy, interactive)
+            result = job.wait(timeout=timeout)
     if as_json:
         click.echo(json.dumps(result_json(result)))
     else:

@@ -64,6 +64,7 @@ class Home:
                 cwd=self.path,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # as a shell starts it: a process group of its own
             )
         return proc, log
 
@@ -100,7 +101,7 @@ def until_up(proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> 
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     proc.wait(timeout)
 
 
@@ -242,3 +243,41 @@ def test_the_demo_prints_its_processes_and_the_agent_trace_only(home: Home) -> N
     assert any(line.startswith("model: ") for line in out)  # the agent's trace
     assert done.stdout.splitlines()[-1].startswith("demo completed")
     assert not any("celery@" in line or "Warning" in line for line in out), "\n".join(out)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_with_a_call_running_stops_in_order_and_the_watcher_says_one_line(
+    home: Home,
+) -> None:
+    proc, log = home.up()
+    try:
+        until_up(proc, log)
+        sleeper = call("s", "exec", command="sleep 30")
+        (home.path / "s.json").write_text(json.dumps(script({"tool_calls": [sleeper]})))
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "run", "--allow", "exec", "--script",
+             "s.json", "sleep"],
+            env=home.env,
+            cwd=home.path,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert watcher.stderr is not None
+        while "→ exec" not in (line := watcher.stderr.readline()):  # the call was sent
+            assert line, "clawq run ended before the call was sent"
+        time.sleep(1.0)  # it runs
+    finally:
+        stop(proc)  # Ctrl-C on `clawq up`
+    assert proc.returncode == 0
+    _, rest = watcher.communicate(timeout=60)
+    assert watcher.returncode == 1
+    assert "Traceback" not in rest, rest
+    last = rest.strip().splitlines()[-1]  # after the trace, one line
+    assert last.startswith("Error: the stack went away while job "), rest
+    assert last.endswith("the job goes on when it is back (clawq up)")
+    text = log.read_text()
+    assert "stopping: the workers, the orchestrator and the API, then the services" in text
+    logged = (home.path / "home" / "data" / "up.log").read_text()
+    assert "Traceback" not in logged, logged[-3000:]  # nothing lost its services under it
