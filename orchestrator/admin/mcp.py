@@ -10,7 +10,7 @@ from typing import Any
 from broker.config.mcp import Grant, McpConfigError, McpServer, parse_servers
 from broker.errors import Invalid, NotFound
 from broker.pg.store import Store
-from broker.stores.mcp import AccessRequest, McpStore, McpToolRow
+from broker.stores.mcp import AccessRequest, McpStore, McpToolRow, ServerState
 from orchestrator.admin.definitions import read_definition
 
 
@@ -40,6 +40,10 @@ class McpAdmin:
 
     def servers(self) -> list[McpServer]:
         return self.store.servers()
+
+    def states(self) -> dict[str, ServerState]:
+        """How each server's connection fares, as the mcp workers last saw it."""
+        return self.store.states()
 
     def remove(self, name: str) -> None:
         if not self.store.remove_server(name):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker.config.mcp import Grant, McpServer
 from broker.errors import Forbidden
-from broker.stores.mcp import AccessRequest, McpToolRow
+from broker.stores.mcp import AccessRequest, McpToolRow, ServerState
 from orchestrator.api.deps import Admin, Caller, Id, Svc
 
 router = APIRouter(prefix="/v1", tags=["mcp"])
@@ -22,11 +22,20 @@ class ServerView(BaseModel):
     transport: str
     target: str
     enabled: bool
+    state: str = ""  # connected, retrying, failed; '': no mcp worker has tried it yet
+    last_error: str = ""
 
 
-def _server(s: McpServer) -> ServerView:
+def _server(s: McpServer, state: ServerState | None) -> ServerView:
     target = " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url
-    return ServerView(name=s.name, transport=s.transport, target=target, enabled=s.enabled)
+    return ServerView(
+        name=s.name,
+        transport=s.transport,
+        target=target,
+        enabled=s.enabled,
+        state=state.state if state else "",
+        last_error=state.last_error if state else "",
+    )
 
 
 class ForSubject(BaseModel):
@@ -54,7 +63,9 @@ class Review(BaseModel):
 
 @router.get("/mcp/servers")
 def mcp_servers(caller: Admin, svc: Svc) -> list[ServerView]:
-    return [_server(s) for s in svc.client().mcp.servers()]
+    admin = svc.client().mcp
+    states = admin.states()
+    return [_server(s, states.get(s.name)) for s in admin.servers()]
 
 
 @router.post("/mcp/servers", status_code=201)

@@ -23,6 +23,7 @@ from typing import Any
 from broker.obs.metrics import metrics
 from broker.pg.store import AsyncStore
 from broker.protocol import JobSpec
+from broker.stores.mcp import catalog_entry
 from orchestrator.calls.approvals import Approvals
 from orchestrator.calls.hooks import Event, HookInput, Hooks
 from orchestrator.calls.permissions import Behavior, Decision, decide
@@ -77,7 +78,7 @@ class Gate:
             )
         parsed = self.registry.parse(call.name, call.input)
         if isinstance(parsed, ToolResult):
-            return await self.refuse(call, "validation", parsed.for_llm)
+            return await self.refuse(call, "validation", await self.not_granted(call, parsed))
         tool, args = parsed
         hooked = await self.hooks.run(self.hook_input(call, "PreToolUse", call.input))
         if hooked.updated_input is not None:
@@ -137,6 +138,23 @@ class Gate:
             "tenancy",
             f"{tool.summary(args)} is administration: an admin must approve it",
             "administration is people only",
+        )
+
+    async def not_granted(self, call: ToolCall, refused: ToolResult) -> str:
+        """Why the call is refused: an MCP tool that exists but is not granted to this
+        agent or user says so, and how it is granted."""
+        if call.name in self.registry or not call.name.startswith("mcp_"):
+            return refused.for_llm
+        row = await catalog_entry(self.store.pool, call.name)
+        if row is None:
+            return refused.for_llm
+        agent = self.spec.agent_id
+        head, _, available = refused.for_llm.partition(" Available tools: ")
+        return (
+            f"{head} It is the tool '{row.tool}' of MCP server '{row.server}', not granted to"
+            f" agent '{agent}': an admin grants it with `clawq mcp grant {row.server}"
+            f" --agent {agent}` (or `--user U`); ask the user rather than retry."
+            + (f" Available tools: {available}" if available else "")
         )
 
     async def granted(self, tool: Tool[Any], args: ToolInput) -> Decision | None:

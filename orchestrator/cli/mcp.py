@@ -45,19 +45,25 @@ def add(config: str) -> None:
 @mcp.command("list")
 @json_option
 def list_servers(as_json: bool) -> None:
-    """The configured servers (no secrets: headers and env are not shown)."""
+    """The configured servers and how their connections fare (why one has no tools); no
+    secrets: headers and env are not shown."""
     with admin() as a:
-        servers = a.servers()
-    rows = [
-        (
-            s.name,
-            s.transport,
-            " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url,
-            s.enabled,
+        servers, states = a.servers(), a.states()
+    rows = []
+    for s in servers:
+        state = states.get(s.name)
+        rows.append(
+            (
+                s.name,
+                s.transport,
+                " ".join([s.command, *s.args]) if s.transport == "stdio" else s.url,
+                s.enabled,
+                (state.state if state else "") or "not tried yet (is an mcp worker up?)",
+                state.last_error if state else "",
+            )
         )
-        for s in servers
-    ]
-    table(("name", "transport", "target", "enabled"), rows, as_json=as_json)
+    columns = ("name", "transport", "target", "enabled", "state", "error")
+    table(columns, rows, as_json=as_json)
 
 
 @mcp.command("remove")

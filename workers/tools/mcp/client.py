@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable
@@ -22,7 +24,7 @@ from contextlib import AsyncExitStack
 from typing import Any, Literal
 
 import psycopg
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_exponential
 
 from broker.config.mcp import McpServer
 from broker.config.settings import Settings
@@ -53,13 +55,34 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
+def resolve_command(command: str) -> str:
+    """A stdio server's command as a path: a bare name is looked up on this process's PATH
+    and then beside its own interpreter (a venv's console scripts, when clawq was started
+    as `.venv/bin/clawq` without the venv on the PATH)."""
+    if os.sep in command:
+        return command
+    here = os.path.dirname(sys.executable)
+    search = os.pathsep.join(p for p in (os.environ.get("PATH", ""), here) if p)
+    found = shutil.which(command, path=search)
+    if found is None:
+        raise McpError(f"command '{command}' not found on the PATH ({search})")
+    return found
+
+
 class Connection:
     """One server's session and its state."""
 
-    def __init__(self, config: McpServer, settings: Settings, on_tools: Callable[..., None]):
+    def __init__(
+        self,
+        config: McpServer,
+        settings: Settings,
+        on_tools: Callable[..., None],
+        on_state: Callable[[str, str, str], None] = lambda *_: None,
+    ):
         self.config = config
         self.settings = settings
         self.on_tools = on_tools
+        self.on_state = on_state  # (server, state, error): for `clawq mcp list`
         self.state: State = "idle"
         self.last_error = ""
         self.client: Any = None
@@ -73,7 +96,8 @@ class Connection:
 
         c = self.config
         if c.transport == "stdio":
-            params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
+            command = resolve_command(c.command)
+            params = StdioServerParameters(command=command, args=c.args, env=c.env, cwd=c.cwd)
             # the process's real stderr: under Celery, sys.stderr is a proxy without a fileno
             return stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
         from workers.egress.async_client import client_factory
@@ -122,23 +146,46 @@ class Connection:
     async def _reconnect(self) -> None:
         s = self.settings
         self.state = "connecting"
+        name = self.config.name
+
+        async def retrying(state: RetryCallState) -> None:
+            """Each failed attempt is said at once, in the log and in the store."""
+            failed = state.outcome.exception() if state.outcome else None
+            error = describe(failed) if failed else "?"
+            self.last_error = error
+            wait = state.next_action.sleep if state.next_action else 0
+            log.warning(
+                "MCP server %s did not start (attempt %d of %d, again in %gs): %s",
+                name, state.attempt_number, s.mcp_reconnect_attempts, wait, error,
+            )  # fmt: skip
+            await self._said("retrying", error)
+
         try:
             async for attempt in AsyncRetrying(
                 wait=wait_exponential(
                     multiplier=s.mcp_reconnect_initial_s, max=s.mcp_reconnect_max_s
                 ),
                 stop=stop_after_attempt(s.mcp_reconnect_attempts),
+                before_sleep=retrying,
                 reraise=True,
             ):
                 with attempt:
                     await self._connect_once()
             self.state = "connected"
             self.last_error = ""
-            log.info("MCP server %s connected", self.config.name)
+            log.info("MCP server %s connected", name)
+            await self._said("connected", "")
         except Exception as exc:
             self.state = "failed"
             self.last_error = describe(exc)
-            log.warning("MCP server %s failed: %s", self.config.name, self.last_error)
+            log.warning("MCP server %s failed: %s", name, self.last_error)
+            await self._said("failed", self.last_error)
+
+    async def _said(self, state: str, error: str) -> None:
+        try:
+            await asyncio.to_thread(self.on_state, self.config.name, state, error)
+        except Exception as exc:  # the store away: the log has said it
+            log.debug("MCP server %s: state not stored: %s", self.config.name, exc)
 
     def reconnect(self) -> asyncio.Task[None]:
         if self._reconnecting is None or self._reconnecting.done():
@@ -250,10 +297,12 @@ class McpManager:
         settings: Settings,
         load_servers: Callable[[], list[McpServer]],
         on_tools: Callable[[str, list[tuple[str, str, dict[str, Any]]]], None],
+        on_state: Callable[[str, str, str], None] = lambda *_: None,
     ) -> None:
         self.settings = settings
         self.load_servers = load_servers
         self.on_tools = on_tools
+        self.on_state = on_state
         self.connections: dict[str, Connection] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="clawq-mcp", daemon=True)
@@ -291,7 +340,7 @@ class McpManager:
             current.close_session()
             current = None
         if current is None:
-            current = Connection(config, self.settings, self.on_tools)
+            current = Connection(config, self.settings, self.on_tools, self.on_state)
             self.connections[config.name] = current
         return current
 
@@ -377,6 +426,12 @@ class CatalogStore:
         with self.lock:
             McpStore(self.store).replace_tools(server, rows)
 
+    def on_state(self, server: str, state: str, error: str) -> None:
+        from broker.stores.mcp import McpStore
+
+        with self.lock:
+            McpStore(self.store).set_state(server, state, error)
+
     def close(self) -> None:
         self.store.close()
 
@@ -389,7 +444,7 @@ def manager_for_process(settings: Settings) -> McpManager:
     global _manager, _manager_pid
     if _manager is None or _manager_pid != os.getpid():
         catalog = CatalogStore(settings)
-        _manager = McpManager(settings, catalog.load, catalog.on_tools)
+        _manager = McpManager(settings, catalog.load, catalog.on_tools, catalog.on_state)
         _manager_pid = os.getpid()
         nudge = _manager.nudge
         Listener(settings.redis_url, [changes.MCP], lambda _: nudge()).start()
