@@ -8,6 +8,7 @@ import click
 
 from broker.errors import ConfigurationError, RunError
 from orchestrator.cli.config import config, secret_key
+from orchestrator.cli.cron import cron
 from orchestrator.cli.dlq import dlq
 from orchestrator.cli.jobs import approve, cancel, run, steer
 from orchestrator.cli.keys import keys
@@ -37,7 +38,7 @@ def main() -> None:
 
 for command in (
     worker, orchestrator, api, flower, up, demo, status, run, approve, steer, cancel,
-    secret_key, config, dlq, memory, context, mcp, tools, keys, health, migrate,
+    secret_key, config, dlq, memory, context, mcp, tools, keys, cron, health, migrate,
 ):  # fmt: skip
     main.add_command(command)
 
