@@ -188,6 +188,7 @@ class ToolCallRecord(BaseModel):
 
 class JobResult(BaseModel):
     job_id: str
+    session_id: str = ""  # its canvas, its history, sessions_send
     status: JobStatus
     final_text: str = ""
     error: str = ""

@@ -24,6 +24,7 @@ from orchestrator.cli.common import diagnostics as console
 def result_json(result: JobResult) -> dict[str, Any]:
     return {
         "job_id": result.job_id,
+        "session_id": result.session_id,
         "status": result.status,
         "final_text": result.final_text,
         "iterations": result.iterations,
@@ -214,7 +215,8 @@ def run(
                 prompt, script=script, workspace=os.path.abspath(workspace), **options
             )
         if not as_json:
-            console.print(f"job {job.id}")
+            session = (client.store.job(job.id) or {}).get("session_id", job.id)
+            console.print(f"job {job.id}, session {session}", markup=False)
         interactive = terminal and not as_json
         with lost_stack(job.id):
             for event in job.events():

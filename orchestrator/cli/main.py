@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from broker.errors import ConfigurationError, RunError
+from orchestrator.cli.canvas import canvas
 from orchestrator.cli.config import config, secret_key
 from orchestrator.cli.cron import cron
 from orchestrator.cli.dlq import dlq
@@ -38,7 +39,8 @@ def main() -> None:
 
 for command in (
     worker, orchestrator, api, flower, up, demo, status, run, approve, steer, cancel,
-    secret_key, config, dlq, memory, context, mcp, tools, keys, cron, health, migrate,
+    secret_key, config, dlq, memory, context, mcp, tools, keys, cron, canvas, health,
+    migrate,
 ):  # fmt: skip
     main.add_command(command)
 
