@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.cli.local.embedded import free_port
 from tests.conftest import Isolated
 
 CLAWQ = [sys.executable, "-m", "orchestrator.cli"]
@@ -30,7 +31,12 @@ def status(env: dict[str, str]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def up() -> Iterator[dict[str, str]]:
     iso = Isolated()
-    env = {**os.environ, **iso.env(), "CLAWQ_HOME": tempfile.mkdtemp(prefix="clawq-home-")}
+    env = {
+        **os.environ,
+        **iso.env(),
+        "CLAWQ_HOME": tempfile.mkdtemp(prefix="clawq-home-"),
+        "CLAWQ_API_PORT": str(free_port()),  # another stack on this machine may hold 8420
+    }
     proc = subprocess.Popen([*CLAWQ, "up", "--log-level", "warning"], env=env)
     try:
         deadline = time.monotonic() + 60
@@ -150,7 +156,7 @@ def test_listing_commands_print_whole_rows_into_a_pipe_and_json_on_request(
         [*CLAWQ, "mcp", "list"], env=up, capture_output=True, text=True, check=True
     )
     header, row = listed.stdout.splitlines()[:2]
-    assert header.split() == ["name", "transport", "target", "enabled"]
+    assert header.split() == ["name", "transport", "target", "enabled", "state", "error"]
     assert row.split()[:2] == [long_name, "stdio"] and TIME in row and "…" not in listed.stdout
     as_json = json.loads(subprocess.check_output([*CLAWQ, "mcp", "list", "--json"], env=up))
     assert [s["name"] for s in as_json] == [long_name]
