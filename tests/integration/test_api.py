@@ -206,6 +206,35 @@ def test_errors_have_one_shape_and_name_the_field(api: str, keys: dict[str, str]
     assert alice.get("/docs").status_code == 200
 
 
+def test_docs_render_offline_from_the_package(api: str) -> None:
+    """Issue 30: /docs was blank offline (Swagger UI came from a CDN). In Chromium with
+    every request off the API's own origin refused, the page still renders the API."""
+    from playwright.sync_api import Route, sync_playwright
+
+    elsewhere: list[str] = []
+
+    def only_the_api(route: Route) -> None:
+        if route.request.url.startswith(api):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            page = chromium.new_page()
+            page.route("**/*", only_the_api)
+            page.goto(f"{api}/docs")
+            title = page.locator(".swagger-ui .info .title")
+            title.wait_for(timeout=15_000)
+            assert title.inner_text().startswith("clawq")
+            assert page.locator(".opblock-summary-path", has_text="/v1/jobs").count() > 0
+        finally:
+            chromium.close()
+    assert elsewhere == []
+
+
 def test_the_api_refuses_plain_http_off_loopback() -> None:
     check_exposure(Settings(), "127.0.0.1")
     check_exposure(Settings(api_behind_tls_proxy=True), "0.0.0.0")
