@@ -32,7 +32,7 @@ class McpAdmin:
         try:
             servers = parse_servers(read_definition(config))
         except McpConfigError as exc:
-            raise Invalid(str(exc)) from None
+            raise Invalid(str(exc), field=exc.field) from None
         for server in servers:
             self.store.add_server(server)
         self.notify()

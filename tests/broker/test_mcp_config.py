@@ -76,3 +76,14 @@ def test_grants_deny_wins_and_empty_allow_means_all() -> None:
     assert not granted([agent], "time", "get_current_time")  # no grant on that server
     off = agent.model_copy(update={"enabled": False})
     assert not granted([off], "git", "git_status")
+
+
+def test_other_clients_keys_are_taken_and_a_typo_refused() -> None:
+    """A config pasted from Cline or Claude Desktop works; `argz` is refused by name."""
+    (server,) = parse_servers(
+        {"mcpServers": {"t": {"command": "x", "autoApprove": ["a"], "disabled": True}}}
+    )
+    assert server.command == "x" and not server.enabled
+    with pytest.raises(McpConfigError, match=r"^mcpServers\.t\.argz: Extra inputs") as found:
+        parse_servers({"mcpServers": {"t": {"command": "x", "argz": ["-v"]}}})
+    assert found.value.field == "mcpServers.t.argz"

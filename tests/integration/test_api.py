@@ -235,6 +235,52 @@ def test_docs_render_offline_from_the_package(api: str) -> None:
     assert elsewhere == []
 
 
+def test_unknown_fields_are_refused_by_name(api: str, keys: dict[str, str]) -> None:
+    """Issue 30: a typo'd field ("modle") was ignored, and the job ran on the default."""
+    alice, admin = http(api, keys["alice"]), http(api, keys["admin"])
+    script = {"turns": [{"text": "t"}]}
+    cases = [
+        (alice.post, "/v1/jobs", {"prompt": "x", "modle": "openai", "script": script}, "modle"),
+        (
+            alice.post,
+            "/v1/jobs",
+            {"prompt": "x", "script": script, "budget": {"turnz": 3}},
+            "budget.turnz",
+        ),
+        (alice.post, "/v1/mcp/requests", {"server": "s", "reasn": "x"}, "reasn"),
+        (
+            admin.post,
+            "/v1/mcp/servers",
+            {"mcpServers": {"t": {"command": "x"}}, "mcpServer": {}},
+            "mcpServer",
+        ),
+        (
+            admin.post,
+            "/v1/mcp/servers",
+            {"mcpServers": {"t": {"command": "x", "argz": ["-v"]}}},
+            "mcpServers.t.argz",
+        ),
+        (
+            admin.put,
+            "/v1/custom-tools",
+            {
+                "name": "t",
+                "description": "d",
+                "parameters": {"type": "object", "properties": {}},
+                "command": "echo",
+                "timeout": 5,
+            },
+            "timeout",
+        ),
+    ]
+    for send, path, body, field in cases:
+        refused = send(path, json=body)
+        assert refused.status_code in (400, 422), (path, refused.text)
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_input" and error.get("field") == field, (path, error)
+        assert field in error["message"], error
+
+
 def test_the_api_refuses_plain_http_off_loopback() -> None:
     check_exposure(Settings(), "127.0.0.1")
     check_exposure(Settings(api_behind_tls_proxy=True), "0.0.0.0")
