@@ -132,6 +132,9 @@ def canvas(session_id: str) -> str:
     return f"{PREFIX}:canvas:{session_id}"
 
 
+CANVAS_LINK_KEY = f"{PREFIX}:canvas-link-key"  # the cluster's random key signing canvas links
+
+
 def budget(root_job: str) -> str:
     """The counters of a root job's tree: turns, tokens, cost (micro-dollars)."""
     return f"{PREFIX}:budget:{root_job}"

@@ -6,13 +6,15 @@ import time
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from broker.config.policy import PermissionMode
 
 
 class Limits(BaseModel):
     """A tree's budget; 0 means no limit on that measure."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo'd limit would be no limit
 
     turns: int = 0
     tokens: int = 0
@@ -192,6 +194,7 @@ class ToolCallRecord(BaseModel):
 
 class JobResult(BaseModel):
     job_id: str
+    session_id: str = ""  # its canvas, its history, sessions_send
     status: JobStatus
     final_text: str = ""
     error: str = ""

@@ -71,8 +71,9 @@ class WorkerRuntime(Upkeep):
     ) -> WorkerRuntime:
         client = redis_for(settings, threads)
         proc_id = process_id("worker", settings.node())
-        info = {"kind": "worker", "queue": queue, "node": node}
-        if queue == "runtime":
+        queues = queue.split(",")  # a worker of several light groups consumes each
+        info: dict[str, Any] = {"kind": "worker", "queue": queue, "queues": queues, "node": node}
+        if "runtime" in queues:
             info["confinement"] = confine.describe(confine.for_settings(settings))
         trust = outage.trust_after_s(settings.heartbeat_interval_s, settings.heartbeat_ttl_s)
         ledger = Ledger(client, settings.ledger_ttl_s, trust)
@@ -85,7 +86,7 @@ class WorkerRuntime(Upkeep):
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
             node=settings.node(),
-            also=(keys.consumer(f"{queue}.{settings.node()}"),),
+            also=tuple(keys.consumer(f"{q}.{settings.node()}") for q in queues),
             # what it holds: taken, running, or waiting to be recorded (here or spooled)
             state=lambda: {"calls": [*held, *outcomes.spooled()]},
         )
@@ -106,7 +107,7 @@ class WorkerRuntime(Upkeep):
         # moments, and each call checks its counter first (`follow_config`)
         Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
         runtime.follow_config()  # applied before this process began
-        if queue == "runtime":
+        if "runtime" in queues:
             threading.Thread(
                 target=runtime.end_sessions, name="clawq-sessions", daemon=True
             ).start()
@@ -123,19 +124,20 @@ class WorkerRuntime(Upkeep):
         self.held.setdefault(key, time.time())
         return key
 
-    def run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
+    def run_call(self, envelope: CallEnvelope, queue: str = "") -> CallOutcome | None:
         """Execute (or answer from the ledger) and push the outcome; None if skipped.
+        `queue`: the one it came from (a worker may consume several).
 
         The call is listed as held from here until its outcome is recorded (or spooled),
         so a watchdog that finds it "running" under this live process but not held knows
         it was dropped (the task raised, its thread died) and sends it again."""
         key = self.hold(envelope.job_id, envelope.turn, envelope.call_id)
         try:
-            return self._run_call(envelope)
+            return self._run_call(envelope, queue)
         finally:
             self.held.pop(key, None)
 
-    def _run_call(self, envelope: CallEnvelope) -> CallOutcome | None:
+    def _run_call(self, envelope: CallEnvelope, queue: str = "") -> CallOutcome | None:
         """A read's first delivery runs while its claim is on the way (running it twice
         changes nothing); any other call, and a read sent again (its runner died: it may
         be what kills them), runs only once the ledger has said it may. Redis away at any
@@ -164,11 +166,12 @@ class WorkerRuntime(Upkeep):
             log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)
             return None
         attempts = int(begun.detail)
+        queue = queue or self.queue
         m = metrics()
         if envelope.sent_at:
-            m.queue_wait.labels(self.queue).observe(max(0.0, started - envelope.sent_at))
+            m.queue_wait.labels(queue).observe(max(0.0, started - envelope.sent_at))
         if attempts > 1:
-            m.redeliveries.labels(self.queue).inc()
+            m.redeliveries.labels(queue).inc()
         if begun.verdict == "exhausted":
             result = ToolResult.error(
                 f"{envelope.tool} was abandoned: the process running it died {begun.detail} "
@@ -192,7 +195,7 @@ class WorkerRuntime(Upkeep):
             for_user=self.scrub(result.for_user),
             is_error=result.is_error,
             metadata=self.scrub.values(result.metadata),
-            queue=self.queue,
+            queue=queue,
             worker=self.proc_id,
             attempts=attempts,
             started_at=started,

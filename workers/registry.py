@@ -133,6 +133,10 @@ class Registry:
             ]
         return found
 
+    def schema(self, tool: Tool[Any]) -> dict[str, Any]:
+        """The JSON schema of the tool's input, as the model is shown it."""
+        return self._schema(tool)
+
     def _schema(self, tool: Tool[Any]) -> dict[str, Any]:
         """The input model's JSON schema, generated once (it costs ~1 ms a tool)."""
         if tool.input_schema is not None:

@@ -6,9 +6,10 @@ the same for every tool; what differs is its name (readable in Flower) and its l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery, Task, signals
 from pydantic import ValidationError
 
 from broker.config.settings import Settings
@@ -23,16 +24,19 @@ def task_name(tool: str) -> str:
     return TASK_PREFIX + tool
 
 
-def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, queue: str) -> None:
-    """Define `clawq.tool.<name>` for every tool, and start this process's runtime early."""
+def register_tool_tasks(
+    app: Celery, registry: Registry, settings: Settings, queues: Sequence[str]
+) -> None:
+    """Define `clawq.tool.<name>` for every tool, and start this process's runtime early.
+    `queues`: the groups this worker consumes (one, or several light ones)."""
     node = settings.node()
 
     def runtime() -> WorkerRuntime:
         threads = int(app.conf.worker_concurrency or 1)
-        return runtime_for_process(settings, registry, queue, node, threads)
+        return runtime_for_process(settings, registry, ",".join(queues), node, threads)
 
     def declare(name: str, group: str, timeout_s: float) -> None:
-        def run(envelope: Any = None, **unexpected: Any) -> None:
+        def run(task: Task, envelope: Any = None, **unexpected: Any) -> None:
             """One call. A message that is not an envelope goes to the dead letters
             (acked: delivering it again cannot make it decode)."""
             try:
@@ -43,13 +47,15 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
                 body = {"envelope": envelope, **unexpected}
                 runtime().undecodable(body, name, f"not an envelope: {where}: {first['msg']}")
                 return
-            runtime().run_call(decoded)
+            key = (task.request.delivery_info or {}).get("routing_key")
+            runtime().run_call(decoded, str(key) if key in queues else group)  # a host's: its group
 
         limit = timeout_s + settings.tool_grace_s
         app.conf.task_routes[name] = {"queue": group}
         app.task(
             run,
             name=name,
+            bind=True,
             shared=False,
             acks_late=True,
             reject_on_worker_lost=True,
@@ -60,16 +66,16 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
 
     for tool in registry:
         declare(task_name(tool.name), tool.group.value, tool.timeout_s)
-    if queue == Group.mcp.value:  # every MCP tool shares one task
+    if Group.mcp.value in queues:  # every MCP tool shares one task
         from workers.tools.mcp.tool import MCP_TASK
 
         declare(MCP_TASK, Group.mcp.value, settings.mcp_call_total_s)
-    if queue == Group.runtime.value:  # and every custom tool
+    if Group.runtime.value in queues:  # and every custom tool
         from workers.tools.custom_tools.tool import CUSTOM_TASK
 
         declare(CUSTOM_TASK, Group.runtime.value, settings.custom_tool_max_timeout_s)
 
-    if queue == Group.memory.value:  # and the indexing of memory documents
+    if Group.memory.value in queues:  # and the indexing of memory documents
         from workers.tools.memory.index import INDEX_TASK, run_index_task
 
         def index(document_id: int, version: int = 0) -> None:
@@ -90,14 +96,15 @@ def register_tool_tasks(app: Celery, registry: Registry, settings: Settings, que
 
     def start() -> None:
         runtime()
-        if queue == Group.memory.value:  # resend index tasks that were lost
+        if Group.memory.value in queues:  # resend index tasks that were lost
             from workers.tools.memory.index import INDEX_TASK, Sweeper
 
             celery = runtime().celery()
             Sweeper(
-                settings, lambda doc: celery.send_task(INDEX_TASK, args=[doc], queue=queue)
+                settings,
+                lambda doc: celery.send_task(INDEX_TASK, args=[doc], queue=Group.memory.value),
             ).start()
-        if queue == Group.mcp.value:  # MCP sessions open at start: they list the catalog
+        if Group.mcp.value in queues:  # MCP sessions open at start: they list the catalog
             from workers.tools.mcp.client import manager_for_process
 
             manager_for_process(settings)

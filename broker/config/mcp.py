@@ -29,7 +29,16 @@ BUILTINS = {
 
 
 class McpConfigError(ConfigurationError, ValueError):
-    """The MCP configuration is wrong; the message says where."""
+    """The MCP configuration is wrong; the message says where, `field` names it."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# keys other clients write in their `mcpServers` entries, which mean nothing here (Cline's
+# autoApprove, …): dropped, so a config pasted from them is taken, while a typo is refused
+FOREIGN_KEYS = ("autoApprove", "alwaysAllow", "timeout", "transportType", "description")
 
 
 class McpOAuth(BaseModel):
@@ -51,7 +60,7 @@ class McpServer(BaseModel):
     """One server, as `mcpServers` entries are written (`type` may be left out: a `command`
     means stdio, a `url` streamable HTTP)."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str
     transport: Transport = Field("stdio", alias="type")
@@ -77,6 +86,10 @@ class McpServer(BaseModel):
                 kind = "stdio" if raw.get("command") else "streamable-http"
             raw["type"] = TRANSPORT_ALIASES.get(kind, kind)
             raw.pop("transport", None)
+            for key in FOREIGN_KEYS:
+                raw.pop(key, None)
+            if "disabled" in raw:  # Claude Desktop's and Cline's switch
+                raw["enabled"] = not raw.pop("disabled")
         return raw
 
     @model_validator(mode="after")
@@ -113,21 +126,23 @@ class McpServer(BaseModel):
 def parse_servers(raw: Any) -> list[McpServer]:
     """`{"mcpServers": {name: {...}}}` as other clients write it, or the inner mapping."""
     if isinstance(raw, dict) and "mcpServers" in raw:
+        if other := sorted(set(raw) - {"mcpServers"}):
+            raise McpConfigError(
+                f"{other[0]}: not a key of the configuration (only mcpServers)", other[0]
+            )
         raw = raw["mcpServers"]
     if not isinstance(raw, dict) or not raw:
         raise McpConfigError('expected {"mcpServers": {"name": {"command": ...} | {"url": ...}}}')
     servers = []
     for name, entry in raw.items():
         if not isinstance(entry, dict):
-            raise McpConfigError(f"mcpServers.{name}: expected an object")
+            raise McpConfigError(f"mcpServers.{name}: expected an object", f"mcpServers.{name}")
         try:
             servers.append(McpServer.model_validate({**entry, "name": name}))
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise McpConfigError(
-                f"mcpServers.{name}{'.' + where if where else ''}: {first['msg']}"
-            ) from None
+            where = ".".join(["mcpServers", name, *(str(p) for p in first["loc"])])
+            raise McpConfigError(f"{where}: {first['msg']}", where) from None
     return servers
 
 

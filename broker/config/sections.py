@@ -346,6 +346,7 @@ class Browser(BaseModel):
     ui_worker_concurrency: int = Field(8, ge=1, description="threads of a ui worker")
     canvas_max_bytes: int = Field(1024 * 1024, ge=1024, description="one canvas version")
     canvas_keep_versions: int = Field(20, ge=1)
+    canvas_link_ttl_s: float = Field(600.0, gt=0, description="a signed canvas link opens")
 
 
 class Cron(BaseModel):

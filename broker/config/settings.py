@@ -5,7 +5,7 @@ Nothing reads the environment at import time; every limit is here with the seed'
 
 from __future__ import annotations
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.config.sections import (
     AgentLoop,
@@ -35,6 +35,7 @@ from broker.config.sections import (
     Waiting,
     Workers,
 )
+from broker.config.sources import Environment, config_sources
 
 
 class Settings(
@@ -66,6 +67,18 @@ class Settings(
     Cluster,
     Workers,
 ):
-    """All of clawq's configuration; each field is `CLAWQ_<NAME>` in the environment."""
+    """All of clawq's configuration; each field is `CLAWQ_<NAME>` in the environment, or
+    `<name>` in a config file (broker/config/sources.py says which, and in what order)."""
 
     model_config = SettingsConfigDict(env_prefix="CLAWQ_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, Environment(settings_cls), *config_sources(settings_cls))

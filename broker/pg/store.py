@@ -266,6 +266,7 @@ class Store:
         ]
         return JobResult(
             job_id=job_id,
+            session_id=row["session_id"],
             status=row["status"],
             final_text=row["final_text"],
             error=row["error"],

@@ -24,6 +24,11 @@ from broker import keys
 log = logging.getLogger("clawq.presence")
 
 
+def queues_of(proc: dict[str, Any]) -> list[str]:
+    """The queues a worker process consumes: one group's, or several light groups'."""
+    return [str(q) for q in proc.get("queues") or [proc.get("queue")]]
+
+
 def process_id(kind: str, node: str | None = None) -> str:
     """Node and pid identify the process that ran something (reported to users)."""
     return f"{kind}@{node or socket.gethostname()}:{os.getpid()}"

@@ -3,11 +3,16 @@ Redis notice on every new version so live pages update at once."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import secrets
 from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
 import redis
+import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from broker import keys
@@ -62,6 +67,41 @@ class CanvasStore:
             (session_id, version.version - self.keep),
         )
         return version
+
+
+def link_key(client: redis.Redis) -> bytes:
+    """The cluster's key for canvas links: made once, at random, by whoever needs it first
+    (hex, so clients that decode replies read it too)."""
+    client.set(keys.CANVAS_LINK_KEY, secrets.token_hex(32), nx=True)
+    return _raw(client.get(keys.CANVAS_LINK_KEY))
+
+
+async def link_key_async(client: aioredis.Redis) -> bytes:
+    await client.set(keys.CANVAS_LINK_KEY, secrets.token_hex(32), nx=True)
+    return _raw(await client.get(keys.CANVAS_LINK_KEY))
+
+
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value or "").encode()
+
+
+def _mac(key: bytes, session_id: str, expires: int) -> str:
+    digest = hmac.new(key, f"canvas:{session_id}:{expires}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def sign_link(key: bytes, session_id: str, ttl_s: float, now: float) -> tuple[str, int]:
+    """A token that opens this session's canvas page until it expires (a time it names,
+    signed with the cluster's key): for a browser, which sends no API key."""
+    expires = int(now + ttl_s)
+    return f"{expires}.{_mac(key, session_id, expires)}", expires
+
+
+def link_opens(key: bytes, session_id: str, token: str, now: float) -> bool:
+    expires, _, mac = token.partition(".")
+    if not expires.isdigit() or int(expires) < now:
+        return False
+    return hmac.compare_digest(mac, _mac(key, session_id, int(expires)))
 
 
 def announce(client: redis.Redis, version: CanvasVersion) -> None:

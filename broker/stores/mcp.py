@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -49,6 +50,8 @@ class ServerStatus(BaseModel):
     transport: str
     target: str
     enabled: bool
+    state: str = ""  # connected, retrying, failed; '': no mcp worker has tried it yet
+    last_error: str = ""
     protocol_version: str = ""
     auth: str = ""
 
@@ -62,6 +65,14 @@ def _auth(server: McpServer, status: str | None, detail: str | None) -> str:
     if status == "ok":
         return "ok"
     return f"{status} ({detail}): {fix}" if detail else f"{status}: {fix}"
+
+
+class ServerState(BaseModel):
+    """A server's connection as the mcp workers last saw it ('' state: not tried yet)."""
+
+    state: str
+    last_error: str
+    state_at: datetime | None
 
 
 class AccessRequest(BaseModel):
@@ -110,7 +121,7 @@ class McpStore:
         self.conn.execute(
             "INSERT INTO mcp_servers (name, config, enabled) VALUES (%s, %s, %s)"
             " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
-            " enabled = excluded.enabled, updated_at = now()",
+            " enabled = excluded.enabled, updated_at = now(), state = '', last_error = ''",
             (server.name, Jsonb(server.model_dump(by_alias=True)), server.enabled),
         )
 
@@ -133,6 +144,17 @@ class McpStore:
             return None
         found = row
         return McpServer.model_validate({**found["config"], "enabled": found["enabled"]})
+
+    def set_state(self, server: str, state: str, error: str = "") -> None:
+        """How the server's connection fares (a worker's view): connected, retrying, failed."""
+        self.conn.execute(
+            "UPDATE mcp_servers SET state = %s, last_error = %s, state_at = now() WHERE name = %s",
+            (state, error[:500], server),
+        )
+
+    def states(self) -> dict[str, ServerState]:
+        rows = self.conn.execute("SELECT name, state, last_error, state_at FROM mcp_servers")
+        return {r["name"]: ServerState.model_validate(r) for r in rows.fetchall()}
 
     def replace_tools(self, server: str, tools: list[tuple[str, str, dict[str, Any]]]) -> None:
         """A server's tools as it just listed them (name, description, input schema). Names
@@ -176,7 +198,8 @@ class McpStore:
 
     def status(self) -> list[ServerStatus]:
         rows = self.conn.execute(
-            "SELECT s.config, s.enabled, f.facts, o.status, o.detail FROM mcp_servers s"
+            "SELECT s.config, s.enabled, s.state, s.last_error, f.facts, o.status, o.detail"
+            " FROM mcp_servers s"
             " LEFT JOIN mcp_server_facts f ON f.server = s.name"
             " LEFT JOIN mcp_oauth o ON o.server = s.name AND o.subject = ''"
             " ORDER BY s.name"
@@ -191,6 +214,8 @@ class McpStore:
                     transport=s.transport,
                     target=target,
                     enabled=s.enabled,
+                    state=r["state"],
+                    last_error=r["last_error"],
                     protocol_version=(r["facts"] or {}).get("protocol_version", ""),
                     auth=_auth(s, r["status"], r["detail"]),
                 )
@@ -298,6 +323,20 @@ class McpStore:
                     ),
                 )
         return request
+
+
+async def catalog_entry(pool: AsyncConnectionPool, exposed: str) -> McpToolRow | None:
+    """The catalog's tool of this exposed name, granted or not."""
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            "SELECT t.server, t.tool, t.exposed_name, t.description, t.input_schema"
+            " FROM mcp_tools t JOIN mcp_servers s ON s.name = t.server"
+            " WHERE s.enabled AND t.exposed_name = %s",
+            (exposed,),
+        )
+        row = await cur.fetchone()
+    return McpToolRow.model_validate(row) if row else None
 
 
 async def accessible_tools(pool: AsyncConnectionPool, agent: str, user: str) -> list[McpToolRow]:

@@ -11,7 +11,7 @@ from broker.config.mcp import Grant, McpConfigError, McpServer, parse_servers
 from broker.config.settings import Settings
 from broker.errors import Invalid, NotFound
 from broker.pg.store import Store
-from broker.stores.mcp import AccessRequest, McpStore, McpToolRow, ServerStatus
+from broker.stores.mcp import AccessRequest, McpStore, McpToolRow, ServerState, ServerStatus
 from orchestrator.admin.definitions import read_definition
 from orchestrator.admin.mcp_login import LoginStart, begin, finish
 
@@ -41,7 +41,7 @@ class McpAdmin:
         try:
             servers = parse_servers(read_definition(config))
         except McpConfigError as exc:
-            raise Invalid(str(exc)) from None
+            raise Invalid(str(exc), field=exc.field) from None
         for server in servers:
             self.store.add_server(server)
         self.notify()
@@ -49,6 +49,10 @@ class McpAdmin:
 
     def servers(self) -> list[McpServer]:
         return self.store.servers()
+
+    def states(self) -> dict[str, ServerState]:
+        """How each server's connection fares, as the mcp workers last saw it."""
+        return self.store.states()
 
     def status(self) -> list[ServerStatus]:
         """Each server with its negotiated protocol version and where its OAuth stands."""

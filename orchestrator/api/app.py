@@ -1,5 +1,6 @@
 """The HTTP API (`clawq api`): FastAPI on uvicorn, one more client of the store and the
-queues. OpenAPI at /openapi.json, docs at /docs; every error is one JSON shape with a
+queues. OpenAPI at /openapi.json, docs at /docs and /redoc (their files served from the
+fastapi-offline wheel, so they work offline); every error is one JSON shape with a
 stable `code` (a validation error names the field); no CORS unless configured."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker import outage
@@ -68,7 +70,7 @@ def create_app(settings: Settings) -> FastAPI:
             await pool.close()
             await client.aclose()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc with their files from the package, not a CDN
         title="clawq",
         version="0.1.0",
         description="Submit agent jobs, follow their events, answer approvals; administer "

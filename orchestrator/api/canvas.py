@@ -11,16 +11,20 @@ import asyncio
 import html as html_lib
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from psycopg.rows import dict_row
+from pydantic import BaseModel
 
 from broker import keys
-from orchestrator.api.deps import OwnedSession, Services, Svc
+from broker.errors import Unauthorized
+from broker.stores.canvas import link_key_async, link_opens, sign_link
+from orchestrator.api.deps import Id, OwnedSession, Services, Svc, owned_session, principal
 
 router = APIRouter(prefix="/v1", tags=["canvas"])
 
@@ -33,7 +37,7 @@ SHELL = """<!doctype html><html><head><meta charset="utf-8"><title>canvas</title
 <script nonce="{nonce}">
 const frame = document.getElementById("canvas");
 const csp = '<meta http-equiv="Content-Security-Policy" content="{frame_csp}">';
-const events = new EventSource(location.pathname + "/events");
+const events = new EventSource(location.pathname + "/events" + location.search);
 events.addEventListener("version", (e) => {{
   const v = JSON.parse(e.data);
   frame.srcdoc = csp + v.html;
@@ -53,19 +57,48 @@ async def _current(svc: Services, session_id: str) -> dict[str, Any] | None:
         return await cur.fetchone()
 
 
+class CanvasLink(BaseModel):
+    url: str
+    expires_at: int  # Unix time
+
+
+@router.get("/sessions/{session_id}/canvas-link")
+async def canvas_link(session_id: OwnedSession, request: Request, svc: Svc) -> CanvasLink:
+    """A short-lived link to the session's canvas page that a browser opens as it is (a
+    browser sends no API key): signed, it names the session and when it expires."""
+    key = await link_key_async(svc.redis)
+    token, expires = sign_link(key, session_id, svc.settings.canvas_link_ttl_s, time.time())
+    url = request.url_for("page", session_id=session_id).include_query_params(token=token)
+    return CanvasLink(url=str(url), expires_at=expires)
+
+
+async def viewer(session_id: Id, request: Request, svc: Svc, token: str | None = None) -> str:
+    """Who may see the page and its events: a signed link's token, else an API key."""
+    if token is None:
+        return await owned_session(session_id, await principal(request, svc), svc)
+    if not link_opens(await link_key_async(svc.redis), session_id, token, time.time()):
+        raise Unauthorized("this canvas link is wrong or expired: ask for a new one")
+    return session_id
+
+
+Viewed = Annotated[str, Depends(viewer)]
+
+
 @router.get("/sessions/{session_id}/canvas", response_class=HTMLResponse)
-async def page(session_id: OwnedSession) -> HTMLResponse:
+async def page(session_id: Viewed) -> HTMLResponse:
     nonce = secrets.token_urlsafe(16)
     body = SHELL.format(nonce=nonce, frame_csp=html_lib.escape(FRAME_CSP, quote=True))
     csp = (
         f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline';"
         " connect-src 'self'; img-src data:; frame-ancestors 'none'; base-uri 'none'"
     )
-    return HTMLResponse(body, headers={"Content-Security-Policy": csp})
+    # the link's token stays out of the Referer of anything the page would load
+    headers = {"Content-Security-Policy": csp, "Referrer-Policy": "no-referrer"}
+    return HTMLResponse(body, headers=headers)
 
 
 @router.get("/sessions/{session_id}/canvas/events", response_class=EventSourceResponse)
-async def canvas_events(session_id: OwnedSession, svc: Svc) -> AsyncIterator[ServerSentEvent]:
+async def canvas_events(session_id: Viewed, svc: Svc) -> AsyncIterator[ServerSentEvent]:
     """The current version at once, then every new one as the agent pushes it."""
     pubsub = svc.redis.pubsub()
     await pubsub.subscribe(keys.canvas(session_id))

@@ -50,6 +50,7 @@ class SubmitJob(BaseModel):
 
 class Submitted(BaseModel):
     job_id: str
+    session_id: str  # its canvas: GET /v1/sessions/{session_id}/canvas-link
     status: str = "queued"
 
 
@@ -149,7 +150,8 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
         chat_id=body.chat_id,
         budget=body.budget.model_dump() if body.budget else None,
     )
-    return Submitted(job_id=job.id)
+    row = svc.client().store.job(job.id) or {}
+    return Submitted(job_id=job.id, session_id=row.get("session_id", job.id))
 
 
 @router.get("/jobs/{job_id}")

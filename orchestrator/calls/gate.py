@@ -14,6 +14,7 @@ and the rule or hook that decided; no worker ever sees it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 from broker.obs.metrics import metrics
 from broker.pg.store import AsyncStore
 from broker.protocol import JobSpec
+from broker.stores.mcp import catalog_entry
 from orchestrator.calls.approvals import Approvals
 from orchestrator.calls.hooks import Event, HookInput, Hooks
 from orchestrator.calls.permissions import Behavior, Decision, decide
@@ -78,7 +80,7 @@ class Gate:
             )
         parsed = self.registry.parse(call.name, call.input)
         if isinstance(parsed, ToolResult):
-            return await self.refuse(call, "validation", parsed.for_llm)
+            return await self.refuse(call, "validation", await self.not_granted(call, parsed))
         tool, args = parsed
         hooked = await self.hooks.run(self.hook_input(call, "PreToolUse", call.input))
         if hooked.updated_input is not None:
@@ -141,6 +143,23 @@ class Gate:
             "administration is people only",
         )
 
+    async def not_granted(self, call: ToolCall, refused: ToolResult) -> str:
+        """Why the call is refused: an MCP tool that exists but is not granted to this
+        agent or user says so, and how it is granted."""
+        if call.name in self.registry or not call.name.startswith("mcp_"):
+            return refused.for_llm
+        row = await catalog_entry(self.store.pool, call.name)
+        if row is None:
+            return refused.for_llm
+        agent = self.spec.agent_id
+        head, _, available = refused.for_llm.partition(" Available tools: ")
+        return (
+            f"{head} It is the tool '{row.tool}' of MCP server '{row.server}', not granted to"
+            f" agent '{agent}': an admin grants it with `clawq mcp grant {row.server}"
+            f" --agent {agent}` (or `--user U`); ask the user rather than retry."
+            + (f" Available tools: {available}" if available else "")
+        )
+
     async def granted(self, tool: Tool[Any], args: ToolInput) -> Decision | None:
         """An earlier allow-always answer (any orchestrator's) that covers this call: the
         same user's, for the same agent."""
@@ -168,7 +187,9 @@ class Gate:
             reason=asked.reason,
             layer=asked.layer,
             by=asked.by,
+            summary=tool.summary(args),
             timeout_s=self.approval_timeout_s,
+            expires_at=time.time() + self.approval_timeout_s,
         )
         pending = metrics().approvals_pending
         pending.inc()

@@ -7,15 +7,18 @@ import getpass
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO
+from typing import IO, Any
 
 import click
+import psycopg
 import redis
 
 from broker.config.live import TOPIC, ConfigError, LiveConfigStore, diff, validate
+from broker.config.loading import masked, origins
 from broker.config.settings import Settings
+from broker.pg.store import Store
 from broker.redis import changes
-from orchestrator.cli.common import database, json_option, table
+from orchestrator.cli.common import database, json_option, settings_from_env, table
 
 
 @contextmanager
@@ -34,7 +37,49 @@ def _announce(settings: Settings) -> None:
 
 @click.group()
 def config() -> None:
-    """Live configuration: versioned in PostgreSQL over the environment."""
+    """Settings: what is in force (`show`), and the live configuration, versioned in
+    PostgreSQL over the environment and the config file."""
+
+
+def _live_config(settings: Settings) -> tuple[int, dict[str, Any]]:
+    """The applied live configuration, or none (with a line that says why) when the
+    database cannot be read."""
+    store = None
+    try:
+        store = Store(settings.database_url)
+        store.migrate()
+        current = LiveConfigStore(store.conn).current()
+    except (psycopg.Error, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        click.echo(f"live configuration not read (PostgreSQL: {reason})", err=True)
+        return 0, {}
+    finally:
+        if store is not None:
+            store.close()
+    return (current.version, current.config) if current else (0, {})
+
+
+@config.command("show")
+@json_option
+def show(as_json: bool) -> None:
+    """Every setting in force and where it comes from: env, a config file, default, or
+    live (the applied live configuration, over the others)."""
+    settings = settings_from_env()
+    found = origins()
+    version, live = _live_config(settings)
+    values = settings.model_dump(mode="json")
+    rows = []
+    for name in Settings.model_fields:
+        value, origin = values[name], found[name]
+        if name in live:
+            value, origin = live[name], f"live (version {version})"
+        rows.append((name, masked(name, value), origin))
+    table(
+        ("setting", "value", "source"),
+        [(n, v if isinstance(v, str) else json.dumps(v), o) for n, v, o in rows],
+        [{"setting": n, "value": v, "source": o} for n, v, o in rows],
+        as_json,
+    )
 
 
 @config.command("get")

@@ -3,23 +3,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.markup import escape
 
+from broker.errors import RequestError, RunError, Unavailable
 from broker.protocol import Event, JobResult
-from orchestrator.cli.common import cluster, refused_as_usage
+from orchestrator.cli.common import cluster, first_line, refused_as_usage
 from orchestrator.cli.common import diagnostics as console
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
     return {
         "job_id": result.job_id,
+        "session_id": result.session_id,
         "status": result.status,
         "final_text": result.final_text,
         "iterations": result.iterations,
@@ -34,8 +39,6 @@ ANSWER_KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
 
 def ask_inline(job: Any, event: Event) -> None:
     """Ask the person at the terminal, as Claude Code does, and send the answer."""
-    from broker.errors import RequestError
-
     d = event.data
     console.print(f"  [dim]input:[/] {escape(json.dumps(d['input'])[:400])}")
     choice = click.prompt(
@@ -67,15 +70,92 @@ def show_event(event: Event, interactive: bool = False) -> None:
         console.print(f"[bold]model:[/] {escape(d['text'])}")
     elif event.type == "tool_call_denied":
         console.print(f"[red]✗ {d['name']} refused[/] [dim]({d['layer']})[/] {escape(d['reason'])}")
-    elif event.type == "approval_requested":
+    elif event.type == "approval_requested" and interactive:
         console.print(f"[yellow]? {d['name']} needs approval[/]: {escape(d['reason'])}")
-        if not interactive:
-            console.print(
-                f"  clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
-            )
     elif event.type == "job_finished":
         error = escape(d.get("error") or "")
         console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
+
+
+def ask_line(event: Event) -> str:
+    """One line, never wrapped, for a person elsewhere: what is asked (the whole command of
+    an exec), why, when it times out, and the command that answers it."""
+    d = event.data
+    given = d.get("input") or {}
+    if isinstance(given.get("command"), str):
+        what = f"{d['name']}({given['command']})"
+    else:
+        what = f"{d.get('summary') or d['name']} {json.dumps(given)[:300]}"
+    timeout = f"; denied in {d['timeout_s']:g}s if unanswered" if d.get("timeout_s") else ""
+    line = (
+        f"? {what} needs approval ({d['reason']}{timeout}): "
+        f"clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
+    )
+    return line.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def on_ask(job: Any, event: Event, policy: str, interactive: bool) -> str | None:
+    """Answer or announce an approval request as `--on-ask` says; returns why the run
+    stops (fail), else None."""
+    if policy == "wait" and interactive:
+        ask_inline(job, event)
+        return None
+    click.echo(ask_line(event), err=True)
+    if policy == "wait":
+        return None
+    request = event.data["request_id"]
+    with contextlib.suppress(RequestError):  # answered or timed out meanwhile
+        job.approve(request, "deny", by="clawq run --on-ask " + policy)
+    if policy == "deny":
+        return None
+    job.cancel()
+    name = event.data["name"]
+    return (
+        f"job {job.id} stopped: {name} needs approval and no one is here to give it; allow"
+        f" it beforehand (--allow {name}, or a narrower rule), or run with --on-ask wait"
+    )
+
+
+@contextmanager
+def lost_stack(job_id: str) -> Iterator[None]:
+    """The stack stopping while `clawq run` follows a job ends it with one line: the job
+    is kept and goes on when the stack is back."""
+    import psycopg
+    import redis
+
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError, psycopg.OperationalError) as exc:
+        raise Unavailable(
+            f"the stack went away while job {job_id} ran ({first_line(exc)}); the job goes on"
+            " when it is back (clawq up)"
+        ) from None
+    except TimeoutError as exc:  # --timeout passed
+        raise RunError(f"{exc}: it goes on; raise --timeout to wait longer") from None
+
+
+def stack_settings_note() -> None:
+    """Name each setting given to this command that the running local stack does not have:
+    provider and tool settings belong to the stack (its processes read them when `clawq up`
+    starts them), so a value given only to `clawq run` would be silently unused."""
+    from broker.config.loading import DEFAULT, digests, label, load_settings, origins
+    from orchestrator.cli.local.state import find
+
+    state = find()
+    if state is None or not state.settings:
+        return
+    mine = digests(load_settings())
+    for name, origin in origins().items():
+        if origin == DEFAULT or name in ("redis_url", "database_url"):
+            continue
+        if state.settings.get(name) != mine[name]:
+            console.print(
+                f"{label(name, origin)} is not the running stack's: its orchestrator and"
+                " workers keep what `clawq up` started with; restart it with this setting"
+                " (its data is kept)",
+                soft_wrap=True,
+                markup=False,
+            )
 
 
 @click.command()
@@ -115,6 +195,15 @@ def show_event(event: Event, interactive: bool = False) -> None:
 )
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option(
+    "--on-ask",
+    "ask_policy",
+    type=click.Choice(["wait", "deny", "fail"]),
+    default=None,
+    help="An approval request: wait for an answer (inline on a terminal, else `clawq"
+    " approve`), deny it, or fail (cancel the job, exit 1). Default: wait on a terminal,"
+    " fail otherwise. Each ask is printed on stderr at once.",
+)
 def run(
     prompt: str,
     script_file: str | None,
@@ -122,10 +211,15 @@ def run(
     timeout: float,
     as_json: bool,
     mcp_prompt: str | None,
+    ask_policy: str | None,
     **options: Any,
 ) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
     script = json.loads(Path(script_file).read_text()) if script_file else None
+    terminal = sys.stdin.isatty()
+    policy = ask_policy or ("wait" if terminal else "fail")
+    stack_settings_note()
+    stopped = None
     with cluster() as client:
         with refused_as_usage():
             if mcp_prompt:
@@ -135,13 +229,16 @@ def run(
                 prompt, script=script, workspace=os.path.abspath(workspace), **options
             )
         if not as_json:
-            interactive = sys.stdin.isatty()  # a person is there: ask inline
-            console.print(f"job {job.id}")
+            session = (client.store.job(job.id) or {}).get("session_id", job.id)
+            console.print(f"job {job.id}, session {session}", markup=False)
+        interactive = terminal and not as_json
+        with lost_stack(job.id):
             for event in job.events():
-                show_event(event, interactive)
-                if interactive and event.type == "approval_requested":
-                    ask_inline(job, event)
-        result = job.wait(timeout=timeout)
+                if not as_json:
+                    show_event(event, interactive)
+                if event.type == "approval_requested" and stopped is None:
+                    stopped = on_ask(job, event, policy, interactive)
+            result = job.wait(timeout=timeout)
     if as_json:
         click.echo(json.dumps(result_json(result)))
     else:
@@ -150,6 +247,8 @@ def run(
             u = result.usage
             cost = f", ${u.cost_usd:.4f}" if u.cost_usd else ""
             console.print(f"usage: {u.turns} model turns, {u.tokens} tokens{cost}")
+    if stopped:
+        click.echo(stopped, err=True)
     sys.exit(0 if result.status == "completed" else 1)
 
 

@@ -49,13 +49,26 @@ def add(config: str) -> None:
 @mcp.command("list")
 @json_option
 def list_servers(as_json: bool) -> None:
-    """The configured servers (no secrets: headers and env are not shown), the protocol
-    version the workers negotiated with each, and where its OAuth grant stands."""
+    """The configured servers (no secrets: headers and env are not shown), how their
+    connections fare (why one has no tools), the protocol version the workers negotiated
+    with each, and where its OAuth grant stands."""
     with admin() as a:
         found = a.status()
-    rows = [(s.name, s.transport, s.target, s.enabled, s.protocol_version, s.auth) for s in found]
+    rows = [
+        (
+            s.name,
+            s.transport,
+            s.target,
+            s.enabled,
+            s.state or "not tried yet (is an mcp worker up?)",
+            s.last_error,
+            s.protocol_version,
+            s.auth,
+        )
+        for s in found
+    ]
     records = [s.model_dump(mode="json") for s in found]
-    columns = ("name", "transport", "target", "enabled", "protocol", "auth")
+    columns = ("name", "transport", "target", "enabled", "state", "error", "protocol", "auth")
     table(columns, rows, records, as_json)
 
 

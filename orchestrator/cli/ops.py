@@ -23,14 +23,22 @@ import os
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 
 from broker.config.settings import Settings
 from broker.errors import Signal
 from broker.protocol import AGENTS_QUEUE
-from orchestrator.cli.common import group_option, json_option, settings_from_env, table
+from broker.redis.presence import queues_of
+from orchestrator.cli.common import (
+    first_line,
+    group_option,
+    json_option,
+    reachable,
+    settings_from_env,
+    table,
+    where,
+)
 
 PROBES = ("ready", "live", "all")
 CONNECT_TIMEOUT_S = 3  # a probe's whole run stays well inside its timeoutSeconds
@@ -39,18 +47,6 @@ MGET_CHUNK = 1000
 
 class Unhealthy(Signal):
     """One line saying why a probe fails."""
-
-
-def where(url: str) -> str:
-    """host:port of a service URL, without its credentials (probe output is logged)."""
-    parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    return f"{host}:{parts.port}" if parts.port else host
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def applied_migrations(conn: Any) -> set[int]:
@@ -149,7 +145,7 @@ def check_heartbeat(settings: Settings, kind: str, queue: str) -> str:
         socket_timeout=CONNECT_TIMEOUT_S,
     )
     try:
-        live = [p for p in heartbeats(client, kind, node) if p.get("queue") == queue]
+        live = [p for p in heartbeats(client, kind, node) if queue in queues_of(p)]
     except redis.RedisError as exc:
         click.echo(
             f"liveness not judged: redis unreachable at {where(settings.redis_url)}"
@@ -257,11 +253,14 @@ def status(as_json: bool) -> None:
     """List the live orchestrators and workers, per queue."""
     import redis
 
+    from broker import keys
     from broker.redis.presence import live_processes
 
     settings = settings_from_env()
     client = redis.Redis.from_url(settings.redis_url)
-    live = live_processes(client)
+    with reachable(settings):
+        live = live_processes(client)
+        found: dict[bytes, bytes] = client.hgetall(keys.CALLS_WAITING)  # type: ignore[assignment]
     report: dict[str, Any] = {
         "orchestrators": sorted(
             (p for p in live if p.get("kind") == "orchestrator"), key=lambda p: p["id"]
@@ -269,10 +268,8 @@ def status(as_json: bool) -> None:
         "queues": {},
     }
     for proc in sorted((p for p in live if p.get("kind") == "worker"), key=lambda p: p["id"]):
-        report["queues"].setdefault(proc["queue"], []).append(proc)
-    from broker import keys
-
-    found: dict[bytes, bytes] = client.hgetall(keys.CALLS_WAITING)  # type: ignore[assignment]
+        for queue in queues_of(proc):  # a worker of several light groups is under each
+            report["queues"].setdefault(queue, []).append(proc)
     waiting = [json.loads(v) | {"call": k.decode()} for k, v in found.items()]
     report["waiting"] = waiting
     rows = [("orchestrator", "agents", p["id"], "", "") for p in report["orchestrators"]]

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli.common import group_option, log_option, settings_from_env, setup_logging
+from broker.protocol import Group
+from orchestrator.cli.common import log_option, settings_from_env, setup_logging
+
+
+def _groups(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    known = [g.value for g in Group]
+    unknown = [g for g in value.split(",") if g not in known]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: not a group (groups: {', '.join(known)})")
+    return value
 
 
 @click.command()
-@group_option("Tool group whose queue this worker consumes.")
+@click.option(
+    "--group",
+    required=True,
+    callback=_groups,
+    help="The tool group whose queue this worker consumes, or several light ones"
+    " (fs,sessions,memory); runtime, web and ui each need their own.",
+)
 @click.option("--concurrency", type=int, default=None, help="Executing processes/threads.")
 @click.option(
     "--pool",
@@ -18,15 +33,11 @@ from orchestrator.cli.common import group_option, log_option, settings_from_env,
 )
 @log_option
 def worker(group: str, concurrency: int | None, pool: str | None, log_level: str) -> None:
-    """Run a Celery worker executing the tools of one group (any number, on any host)."""
+    """Run a Celery worker executing the tools of a group (any number, on any host)."""
     from workers.main import run_worker
     from workers.registry import default_registry
-    from workers.tools.web.providers import SearchConfigError
 
-    try:
-        run_worker(settings_from_env(), default_registry(), group, concurrency, pool, log_level)
-    except SearchConfigError as exc:  # a configuration error: say it, start nothing
-        raise click.ClickException(str(exc)) from None
+    run_worker(settings_from_env(), default_registry(), group, concurrency, pool, log_level)
 
 
 @click.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -91,3 +92,26 @@ def remove(name: str, agent: str) -> None:
     with admin() as a:
         a.remove(name, agent)
     click.echo(f"removed {name}")
+
+
+@tools.command("schema")
+@click.argument("name", required=False)
+@click.option("--markdown", is_flag=True, help="The reference as Markdown (docs/tools.md).")
+def schema(name: str | None, markdown: bool) -> None:
+    """The native tools' inputs and descriptions, from their declarations: every tool, or
+    NAME's (JSON; --markdown for the reference in docs/tools.md)."""
+    from workers import reference
+    from workers.registry import default_registry
+
+    registry = default_registry()
+    if markdown:
+        click.echo(reference.markdown(registry), nl=False)
+        return
+    if name is None:
+        found = [reference.entry(registry, t) for t in registry]
+        click.echo(json.dumps(found, indent=2))
+        return
+    tool = registry.get(name)
+    if tool is None:
+        raise click.UsageError(f"no native tool {name}; tools: {', '.join(registry.names())}")
+    click.echo(json.dumps(reference.entry(registry, tool), indent=2))

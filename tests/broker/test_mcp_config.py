@@ -116,3 +116,14 @@ def test_the_built_ins_are_named_as_the_model_expects() -> None:
     names = exposed_names([("docs", "list_resources"), ("docs", "resources/list")])
     assert names[("docs", "list_resources")] == "mcp_docs__list_resources"  # the server's own
     assert names[("docs", "resources/list")] == "mcp_docs__list_resources_2"
+
+
+def test_other_clients_keys_are_taken_and_a_typo_refused() -> None:
+    """A config pasted from Cline or Claude Desktop works; `argz` is refused by name."""
+    (server,) = parse_servers(
+        {"mcpServers": {"t": {"command": "x", "autoApprove": ["a"], "disabled": True}}}
+    )
+    assert server.command == "x" and not server.enabled
+    with pytest.raises(McpConfigError, match=r"^mcpServers\.t\.argz: Extra inputs") as found:
+        parse_servers({"mcpServers": {"t": {"command": "x", "argz": ["-v"]}}})
+    assert found.value.field == "mcpServers.t.argz"

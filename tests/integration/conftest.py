@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli.stack import Stack
+from orchestrator.cli.local.stack import Stack
 from orchestrator.client import Client
 from tests.conftest import Isolated
 

@@ -206,6 +206,81 @@ def test_errors_have_one_shape_and_name_the_field(api: str, keys: dict[str, str]
     assert alice.get("/docs").status_code == 200
 
 
+def test_docs_render_offline_from_the_package(api: str) -> None:
+    """Issue 30: /docs was blank offline (Swagger UI came from a CDN). In Chromium with
+    every request off the API's own origin refused, the page still renders the API."""
+    from playwright.sync_api import Route, sync_playwright
+
+    elsewhere: list[str] = []
+
+    def only_the_api(route: Route) -> None:
+        if route.request.url.startswith(api):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            page = chromium.new_page()
+            page.route("**/*", only_the_api)
+            page.goto(f"{api}/docs")
+            title = page.locator(".swagger-ui .info .title")
+            title.wait_for(timeout=15_000)
+            assert title.inner_text().startswith("clawq")
+            assert page.locator(".opblock-summary-path", has_text="/v1/jobs").count() > 0
+        finally:
+            chromium.close()
+    assert elsewhere == []
+
+
+def test_unknown_fields_are_refused_by_name(api: str, keys: dict[str, str]) -> None:
+    """Issue 30: a typo'd field ("modle") was ignored, and the job ran on the default."""
+    alice, admin = http(api, keys["alice"]), http(api, keys["admin"])
+    script = {"turns": [{"text": "t"}]}
+    cases = [
+        (alice.post, "/v1/jobs", {"prompt": "x", "modle": "openai", "script": script}, "modle"),
+        (
+            alice.post,
+            "/v1/jobs",
+            {"prompt": "x", "script": script, "budget": {"turnz": 3}},
+            "budget.turnz",
+        ),
+        (alice.post, "/v1/mcp/requests", {"server": "s", "reasn": "x"}, "reasn"),
+        (
+            admin.post,
+            "/v1/mcp/servers",
+            {"mcpServers": {"t": {"command": "x"}}, "mcpServer": {}},
+            "mcpServer",
+        ),
+        (
+            admin.post,
+            "/v1/mcp/servers",
+            {"mcpServers": {"t": {"command": "x", "argz": ["-v"]}}},
+            "mcpServers.t.argz",
+        ),
+        (
+            admin.put,
+            "/v1/custom-tools",
+            {
+                "name": "t",
+                "description": "d",
+                "parameters": {"type": "object", "properties": {}},
+                "command": "echo",
+                "timeout": 5,
+            },
+            "timeout",
+        ),
+    ]
+    for send, path, body, field in cases:
+        refused = send(path, json=body)
+        assert refused.status_code in (400, 422), (path, refused.text)
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_input" and error.get("field") == field, (path, error)
+        assert field in error["message"], error
+
+
 def test_the_api_refuses_plain_http_off_loopback() -> None:
     check_exposure(Settings(), "127.0.0.1")
     check_exposure(Settings(api_behind_tls_proxy=True), "0.0.0.0")

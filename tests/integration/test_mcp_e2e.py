@@ -73,7 +73,10 @@ def test_a_job_calls_a_granted_mcp_tool(cluster: Cluster, workspace: Path) -> No
     assert now.output.startswith("[untrusted content from MCP server 'time'")
     # not granted: not in the job's registry at all, so no worker ever sees the call
     assert conv.is_error and conv.decision == "deny:validation" and conv.worker == "orchestrator"
-    assert conv.output.startswith("Unknown tool 'mcp_time__convert_time'. Available tools:")
+    assert conv.output.startswith(  # it exists: what grants it is said
+        "Unknown tool 'mcp_time__convert_time'. It is the tool 'convert_time' of MCP server"
+        " 'time', not granted to agent 'main': an admin grants it with `clawq mcp grant time"
+    )
     assert "mcp_time__get_current_time" in conv.output
 
 

@@ -45,6 +45,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{session_id}"): "object",
     ("GET", "/v1/sessions/{session_id}/canvas"): "object",
     ("GET", "/v1/sessions/{session_id}/canvas/events"): "object",
+    ("GET", "/v1/sessions/{session_id}/canvas-link"): "object",
     ("GET", "/v1/artifacts/{artifact_id}"): "object",
     ("GET", "/v1/mcp/servers"): "admin",
     ("POST", "/v1/mcp/servers"): "admin",
@@ -232,7 +233,7 @@ def test_another_users_objects_are_404_and_admin_routes_403_and_nothing_changes(
             assert response.status_code == expected, (method, path, response.text)
             assert set(response.json()) == {"error"}, response.text
             walked[kind] += 1
-    assert walked == {"object": 10, "admin": 17}
+    assert walked == {"object": 11, "admin": 17}
     assert state(cluster, alices["job_id"]) == before
     # and what bob tried had no effect later: alice's job goes on as hers alone
     with client(api, keys["alice"]) as alice:
@@ -305,7 +306,7 @@ def test_every_v1_route_refuses_a_missing_or_bad_key(
             assert response.status_code == 401, (method, path, response.text)
             assert response.json()["error"]["code"] == "unauthorized"
             count += 1
-    assert count == 29
+    assert count == 30
     assert {k.id: k.last_used_at for k in store.list()} == used  # no key was marked used
 
 
@@ -324,7 +325,7 @@ def test_a_malformed_id_is_404_on_every_route_that_takes_one(
                 assert response.status_code == 404, (who, method, path, response.text)
                 assert response.json()["error"]["code"] == "not_found"
                 count += 1
-    assert count == 10 + 18  # alice's object routes; the admin's, all that take an id
+    assert count == 11 + 19  # alice's object routes; the admin's, all that take an id
 
 
 def test_a_malformed_resume_point_is_refused_before_the_stream(

@@ -28,8 +28,10 @@ from workers.registry import default_registry
 from workers.tool import ToolContext
 
 ROOT = Path(__file__).resolve().parents[2]
-CRON = ROOT / "orchestrator" / "services" / "cron.py"
-SCANNED = [*sorted((ROOT / "workers").rglob("*.py")), CRON]
+SCANNED = [
+    *sorted((ROOT / "workers").rglob("*.py")),
+    ROOT / "orchestrator" / "services" / "cron.py",
+]
 # what opens a connection, by the dotted name it is called by
 OPENERS = {
     "httpx": {"Client", "AsyncClient", "get", "post", "put", "patch", "delete", "head"}

@@ -23,7 +23,7 @@ from broker.config.live import (
 from broker.config.settings import Settings
 from broker.protocol import Group
 from broker.redis import changes
-from broker.redis.presence import live_processes
+from broker.redis.presence import live_processes, queues_of
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
 READS = ("status", "config.get", "config.schema", "config.validate", "config.history")
@@ -94,8 +94,8 @@ class Gateway(Tool[GatewayInput]):
         if args.action == "status":
             procs = live_processes(ctx.redis)  # type: ignore[arg-type]
             by_queue: dict[str, int] = {}
-            for p in procs:
-                by_queue[str(p.get("queue"))] = by_queue.get(str(p.get("queue")), 0) + 1
+            for queue in (q for p in procs for q in queues_of(p)):
+                by_queue[queue] = by_queue.get(queue, 0) + 1
             nodes = sorted({str(p.get("host")) for p in procs})
             text = (
                 f"nodes: {', '.join(nodes) or 'none'}\nprocesses by queue: "

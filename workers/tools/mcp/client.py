@@ -29,7 +29,7 @@ from broker.redis import changes
 from broker.redis.changes import Listener
 from workers.tools.mcp.calls import McpError, Progress
 from workers.tools.mcp.catalog import Row
-from workers.tools.mcp.connection import CONNECT_TIMEOUT_S, Auth, Connection, OnListed
+from workers.tools.mcp.connection import CONNECT_TIMEOUT_S, Auth, Connection, OnListed, OnState
 from workers.tools.mcp.oauth import OAuthAuth, Rows
 from workers.tools.mcp.requests import send
 
@@ -49,11 +49,13 @@ class McpManager:
         load_servers: Callable[[], list[McpServer]],
         on_listed: OnListed,
         auth: Auth | None = None,
+        on_state: OnState = lambda *_: None,
     ) -> None:
         self.settings = settings
         self.load_servers = load_servers
         self.on_listed = on_listed
         self.auth = auth
+        self.on_state = on_state
         self.connections: dict[str, Connection] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="clawq-mcp", daemon=True)
@@ -140,7 +142,7 @@ class McpManager:
             current.close_session()
             current = None
         if current is None:
-            current = Connection(config, self.settings, self.on_listed, self.auth)
+            current = Connection(config, self.settings, self.on_listed, self.auth, self.on_state)
             self.connections[config.name] = current
         return current
 
@@ -228,6 +230,12 @@ class CatalogStore:
             McpStore(self.store).replace_tools(server, rows)
             McpStore(self.store).set_facts(server, facts)
 
+    def on_state(self, server: str, state: str, error: str) -> None:
+        from broker.stores.mcp import McpStore
+
+        with self.lock:
+            McpStore(self.store).set_state(server, state, error)
+
     def oauth_rows(self) -> Rows:
         """The servers' OAuth grants, on this same connection."""
         from broker.config.secretbox import SecretBox
@@ -262,7 +270,7 @@ def manager_for_process(settings: Settings) -> McpManager:
     if _manager is None or _manager_pid != os.getpid():
         catalog = CatalogStore(settings)
         auth = OAuthAuth(settings, catalog.oauth_rows())
-        _manager = McpManager(settings, catalog.load, catalog.on_listed, auth)
+        _manager = McpManager(settings, catalog.load, catalog.on_listed, auth, catalog.on_state)
         _manager_pid = os.getpid()
         nudge = _manager.nudge
         Listener(settings.redis_url, [changes.MCP], lambda _: nudge()).start()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -19,6 +21,7 @@ from typing import Any, Literal
 
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_not_exception_type,
     stop_after_attempt,
     wait_exponential,
@@ -36,19 +39,40 @@ LEGACY_PING_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 
 State = Literal["idle", "connecting", "connected", "failed"]
 OnListed = Callable[[str, list[Row], dict[str, Any]], None]
+OnState = Callable[[str, str, str], None]  # (server, state, error): for `clawq mcp list`
 Auth = Callable[[McpServer], Any]  # the server's httpx2.Auth (OAuth), or None
+
+
+def resolve_command(command: str) -> str:
+    """A stdio server's command as a path: a bare name is looked up on this process's PATH
+    and then beside its own interpreter (a venv's console scripts, when clawq was started
+    as `.venv/bin/clawq` without the venv on the PATH)."""
+    if os.sep in command:
+        return command
+    here = os.path.dirname(sys.executable)
+    search = os.pathsep.join(p for p in (os.environ.get("PATH", ""), here) if p)
+    found = shutil.which(command, path=search)
+    if found is None:
+        raise McpError(f"command '{command}' not found on the PATH ({search})")
+    return found
 
 
 class Connection:
     """One server's session and its state."""
 
     def __init__(
-        self, config: McpServer, settings: Settings, on_listed: OnListed, auth: Auth | None = None
+        self,
+        config: McpServer,
+        settings: Settings,
+        on_listed: OnListed,
+        auth: Auth | None = None,
+        on_state: OnState = lambda *_: None,
     ) -> None:
         self.config = config
         self.settings = settings
         self.on_listed = on_listed
         self.auth = auth
+        self.on_state = on_state
         self.state: State = "idle"
         self.last_error = ""
         self.refused = False  # its OAuth grant was refused: no retry until it changes
@@ -66,7 +90,8 @@ class Connection:
 
         c = self.config
         if c.transport == "stdio":
-            params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
+            command = resolve_command(c.command)
+            params = StdioServerParameters(command=command, args=c.args, env=c.env, cwd=c.cwd)
             # the process's real stderr: under Celery, sys.stderr is a proxy without a fileno
             return stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
         from workers.egress.async_client import client_factory
@@ -134,6 +159,20 @@ class Connection:
     async def _reconnect(self) -> None:
         s = self.settings
         self.state = "connecting"
+        name = self.config.name
+
+        async def retrying(state: RetryCallState) -> None:
+            """Each failed attempt is said at once, in the log and in the store."""
+            failed = state.outcome.exception() if state.outcome else None
+            error = describe(failed) if failed else "?"
+            self.last_error = error
+            wait = state.next_action.sleep if state.next_action else 0
+            log.warning(
+                "MCP server %s did not start (attempt %d of %d, again in %gs): %s",
+                name, state.attempt_number, s.mcp_reconnect_attempts, wait, error,
+            )  # fmt: skip
+            await self._said("retrying", error)
+
         try:
             async for attempt in AsyncRetrying(
                 wait=wait_exponential(
@@ -141,18 +180,27 @@ class Connection:
                 ),
                 stop=stop_after_attempt(s.mcp_reconnect_attempts),
                 retry=retry_if_not_exception_type(OAuthRefused),  # a person must act first
+                before_sleep=retrying,
                 reraise=True,
             ):
                 with attempt:
                     await self._connect_once()
             self.state = "connected"
             self.last_error = ""
-            log.info("MCP server %s connected", self.config.name)
+            log.info("MCP server %s connected", name)
+            await self._said("connected", "")
         except Exception as exc:
             self.state = "failed"
             self.last_error = describe(exc)
             self.refused = isinstance(exc, OAuthRefused)
-            log.warning("MCP server %s failed: %s", self.config.name, self.last_error)
+            log.warning("MCP server %s failed: %s", name, self.last_error)
+            await self._said("failed", self.last_error)
+
+    async def _said(self, state: str, error: str) -> None:
+        try:
+            await asyncio.to_thread(self.on_state, self.config.name, state, error)
+        except Exception as exc:  # the store away: the log has said it
+            log.debug("MCP server %s: state not stored: %s", self.config.name, exc)
 
     def reconnect(self) -> asyncio.Task[None]:
         if self._reconnecting is None or self._reconnecting.done():

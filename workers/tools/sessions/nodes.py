@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from broker.protocol import Group
-from broker.redis.presence import live_processes
+from broker.redis.presence import live_processes, queues_of
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
 
@@ -29,7 +29,7 @@ def _nodes(processes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def _line(node: str, procs: list[dict[str, Any]]) -> str:
     workers = [p for p in procs if p.get("kind") == "worker"]
-    queues = sorted({str(p.get("queue")) for p in workers})
+    queues = sorted({q for p in workers for q in queues_of(p)})
     orchestrators = sum(1 for p in procs if p.get("kind") == "orchestrator")
     load = max((float(p.get("load", 0)) for p in procs), default=0.0)
     confinement = sorted({str(p["confinement"]) for p in workers if p.get("confinement")})

@@ -1,13 +1,17 @@
 """Page snapshots for the model: Playwright's accessibility tree with element refs
-(`aria_snapshot(mode="ai")`: `- button "Submit" [ref=e10]`), cut down to what can be acted
-on unless the whole tree is asked for, capped with a marker, and as a diff against the
-previous snapshot of the tab so a second look costs only what changed."""
+(`aria_snapshot(mode="ai")`: `- button "Submit" [ref=e10]`), without presentation (cursor,
+focus), cut down to what can be acted on unless the whole tree is asked for, capped with a
+marker, and as a diff against the previous snapshot of the tab so a second look costs only
+what changed."""
 
 from __future__ import annotations
 
 import difflib
 import re
 
+# how an element looks or where focus is, not what it is or what may be done with it: a
+# `[cursor=pointer]` ended every link of a long list (a third of its snapshot)
+NOISE = re.compile(r" \[(?:active|cursor=[\w-]+)\]")
 ROLE = re.compile(r"^\s*- (?:\"[^\"]*\"|([a-z]+))")
 REF = re.compile(r"\[ref=([a-z0-9]+)\]")
 INTERACTIVE = frozenset(
@@ -37,7 +41,7 @@ KEPT = INTERACTIVE | {"heading", "dialog", "alert"}  # what orients the model to
 def lines_of(tree: str, interactive: bool) -> list[str]:
     """The snapshot's lines; with `interactive`, only actionable elements (and headings,
     dialogs and alerts), unindented, each with its ref."""
-    lines = [line.replace(" [active]", "") for line in tree.splitlines()]  # focus: noise
+    lines = [NOISE.sub("", line) for line in tree.splitlines()]
     if not interactive:
         return lines
     kept = []

@@ -12,12 +12,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from typing import IO
 
 import redis
 
-from broker.redis.presence import live_processes
+from broker.errors import RunError
+from broker.redis.presence import live_processes, queues_of
 
 BACKOFF_INITIAL_S = 1.0
+
+
+class StartFailed(RunError):
+    """A process of the stack ended, or did not come up, while the stack started."""
+
+
 BACKOFF_MAX_S = 30.0
 STABLE_S = 60.0
 
@@ -32,8 +40,10 @@ class Stack:
         log_level: str = "warning",
         orchestrators: int = 1,
         api: bool = False,
+        log: IO[bytes] | None = None,
     ) -> None:
-        self.groups = list(groups)
+        self.groups = list(groups)  # each a worker: one group, or light ones ("fs,sessions")
+        self.log = log  # the processes' output (None: this terminal's)
         self.workers_per_group = workers_per_group
         self.env = {**os.environ, **(env or {})}
         self.concurrency = concurrency
@@ -48,10 +58,16 @@ class Stack:
 
     def _spawn(self, *args: str) -> None:
         cmd = [sys.executable, "-m", "orchestrator.cli", *args, "--log-level", self.log_level]
-        self.procs.append(subprocess.Popen(cmd, env=self.env))
+        self.procs.append(self._popen(cmd))
         self.commands.append(cmd)
         self.started.append(time.monotonic())
         self.backoff.append(BACKOFF_INITIAL_S)
+
+    def _popen(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        """A process of the stack, in a session of its own: Ctrl-C reaches `clawq up` alone,
+        which stops them in order (workers, then the orchestrators and the API)."""
+        out = self.log or None
+        return subprocess.Popen(cmd, env=self.env, stdout=out, stderr=out, start_new_session=True)
 
     def name(self, index: int) -> str:
         return " ".join(self.commands[index][3:-2])
@@ -71,7 +87,7 @@ class Stack:
                 say(f"{self.name(index)} exited ({proc.returncode}); restarting in {wait:g}s")
             elif now >= self.due[index]:
                 del self.due[index]
-                self.procs[index] = subprocess.Popen(self.commands[index], env=self.env)
+                self.procs[index] = self._popen(self.commands[index])
                 self.started[index] = now
                 say(f"{self.name(index)} restarted (pid {self.procs[index].pid})")
 
@@ -85,33 +101,43 @@ class Stack:
                 extra = ["--concurrency", str(self.concurrency)] if self.concurrency else []
                 self._spawn("worker", "--group", group, *extra)
 
-    def wait_ready(self, redis_url: str, timeout: float = 60.0) -> None:
-        """Until the orchestrator and every worker process heartbeat (or one exits)."""
+    def wait_ready(self, redis_url: str, timeout: float = 60.0, where: str = "") -> None:
+        """Until the orchestrator and every worker process heartbeat; `StartFailed` if one
+        exits first or they are not up in time (`where`: their output, to read why)."""
+        see = f": see {where}" if where else ""
         client = redis.Redis.from_url(redis_url)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                for proc in self.procs:
+                for index, proc in enumerate(self.procs):
                     if proc.poll() is not None:
-                        raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+                        raise StartFailed(
+                            f"{self.name(index)} exited ({proc.returncode}) while starting{see}"
+                        )
                 live = live_processes(client)
                 orchestrators = [p for p in live if p.get("kind") == "orchestrator"]
-                queues = {p.get("queue") for p in live if p.get("kind") == "worker"}
-                if len(orchestrators) >= self.orchestrators and set(self.groups) <= queues:
+                queues = {q for p in live if p.get("kind") == "worker" for q in queues_of(p)}
+                wanted = {g for spec in self.groups for g in spec.split(",")}
+                if len(orchestrators) >= self.orchestrators and wanted <= queues:
                     return
                 time.sleep(0.2)
         finally:
             client.close()
-        raise TimeoutError(f"stack not ready after {timeout}s")
+        raise StartFailed(f"the stack was not ready within {timeout:g}s{see}")
 
     def stop(self, timeout: float = 15.0) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """In reverse order of their dependencies: the workers (their calls end and are
+        recorded), then the API and the orchestrators; the caller stops the services last."""
+        workers = [p for p, cmd in zip(self.procs, self.commands, strict=True) if "worker" in cmd]
+        others = [p for p in reversed(self.procs) if p not in workers]
+        for phase in (workers, others):
+            for proc in phase:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for proc in phase:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
