@@ -51,6 +51,7 @@ from workers.registry import Registry, default_registry
 log = logging.getLogger("clawq.orchestrator")
 
 RECOVERY_INTERVAL_S = 5.0
+RECOVERY_CHECK_S = 1.0  # how often the presence of the other orchestrators is looked at
 ACCEPT_WINDOW = 1000  # agent runs being accepted at once (unacked on the agents queue)
 ARTIFACT_PURGE_INTERVAL_S = 600.0  # retention is days; ten minutes late is nothing
 ANNOUNCE_POLL_S = 0.2
@@ -518,18 +519,42 @@ class Orchestrator:
     async def recover(self) -> None:
         """Resume running jobs whose orchestrator stopped holding their lease, and queue
         again the agent runs a dead orchestrator had taken but not accepted; not while
-        Redis has just come back (a missing presence then says nothing)."""
+        Redis has just come back (a missing presence then says nothing).
+
+        The sweep reads PostgreSQL, so it runs every RECOVERY_INTERVAL_S; an orchestrator
+        whose presence has just gone (seen every second, in Redis alone) brings it forward:
+        its jobs are resumed within a second of its leases lapsing."""
+        last, gone_before = 0.0, set[str]()
         while True:
-            await asyncio.sleep(RECOVERY_INTERVAL_S)
+            await asyncio.sleep(RECOVERY_CHECK_S)
             try:
                 s = self.settings
                 if not await outage.heartbeats_trusted(
                     self.redis, s.heartbeat_interval_s, s.heartbeat_ttl_s
                 ):  # Redis has just come back: every presence lapsed, and is beating again
                     continue
+                gone = await self._gone_orchestrators()
+                now = time.monotonic()
+                due = now - last >= RECOVERY_INTERVAL_S or bool(gone - gone_before)
+                gone_before = gone
+                if not due:
+                    continue
+                last = now
                 await self.agent_queue.restore_dead()
                 for job_id in await self._orphans():
                     if await self.accept(job_id):
                         log.warning("resumed job %s: no live orchestrator held it", job_id)
             except Exception as exc:
                 outage.report(log, "recovery sweep", exc)
+
+    async def _gone_orchestrators(self) -> set[str]:
+        """Orchestrators known to take agent runs whose presence is gone."""
+        takers = sorted(
+            t.decode() if isinstance(t, bytes) else str(t)
+            for t in await self.redis.smembers(keys.AGENTS_TAKERS)
+        )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for taker in takers:
+                pipe.exists(keys.proc(taker))
+            alive = await pipe.execute()
+        return {t for t, live in zip(takers, alive, strict=True) if not live}
