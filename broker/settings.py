@@ -5,6 +5,7 @@ Nothing reads the environment at import time; every limit is here with the seed'
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -116,8 +117,9 @@ class Settings(BaseSettings):
         "job pauses for recovery",
     )
     spool_dir: str = Field(
-        "/var/lib/clawq/spool",
-        description="outcomes a worker could not record, replayed when Redis answers again",
+        default_factory=lambda: str(Path.home() / ".clawq" / "spool"),
+        description="outcomes a worker could not record, replayed when Redis answers again "
+        "(by any worker process of the host: keep it across restarts)",
     )
 
     # what the model may call (JSON in the environment)

@@ -187,7 +187,8 @@ def up(workers_per_group: int, log_level: str) -> None:
 @main.command()
 @output.json_option
 def status(as_json: bool) -> None:
-    """List the live orchestrators and workers, per queue."""
+    """List the live orchestrators and workers, per queue; warn when the broker's Redis
+    would lose work (no append-only file, or keys it may evict)."""
     import redis
 
     from broker.presence import live_processes
@@ -218,9 +219,15 @@ def status(as_json: bool) -> None:
         ("waiting call", w["queue"], w["call"], f"{time.time() - w['since']:.0f} s", w["tool"])
         for w in sorted(waiting, key=lambda w: w["since"])
     ]
+    from broker.redis_config import redis_warnings
+
+    report["redis"], warnings = redis_warnings(client)
+    report["redis"]["warnings"] = warnings
     output.table(("kind", "queue", "process", "node", "confinement"), rows, report, as_json)
     if waiting:
         click.echo(f"{len(waiting)} calls wait for a worker: start one for their queue", err=True)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
