@@ -9,6 +9,7 @@ from celery import Celery
 
 from broker import keys
 from broker.announce import AnnounceItem, AnnounceQueue
+from broker.connections import patient_redis
 from broker.messages import AGENT_RUN_TASK, AGENTS_QUEUE, ANNOUNCE_TASK, Group
 from broker.settings import Settings
 
@@ -91,8 +92,8 @@ def declare_agent_tasks(app: Celery, settings: Settings) -> None:
         A cancelled child is not announced: whoever cancelled it knows."""
         if result.get("status") == "cancelled":
             return
-        if not clients:
-            clients.append(redis.Redis.from_url(settings.redis_url))
+        if not clients:  # waits for a Redis that is away: the result must not be dropped
+            clients.append(patient_redis(settings.redis_url, settings.outage_retry_s))
         client = clients[0]
         if not client.set(keys.announced(child), 1, nx=True, ex=settings.events_ttl_s):
             return
