@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import tempfile
@@ -197,6 +198,7 @@ class Chaos:
             self.stack.stop()
         self.redis.stop()
         self.pg.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def _supervise(self) -> None:
         while not self._stop.wait(0.2):

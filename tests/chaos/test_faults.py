@@ -8,12 +8,12 @@ killed mid-call and the model's result says it ran again. Each fault must be rec
 from within RECOVERY_LIMIT_S of the service's return (the goal is 5 s; the limit leaves
 room for a loaded CI machine). `make chaos` runs the long form (tests/chaos/__main__.py).
 
-How each test failed on the code before issue 28 (the same tests, run against it):
-redis: calls lost (a worker's outcome dropped while Redis was away), jobs never ended;
-postgres: every job stalled 35-44 s (stale pooled connections, paused jobs);
-worker_process and worker: steps run twice without the model being told;
-orchestrator: jobs resumed 4-9 s after their orchestrator died (a sweep every 5 s; now
-within a second of its leases lapsing, ~5 s): over 3 kills, most runs fail.
+How each test failed on the code before issue 28 (these tests, run against it):
+redis: a worker's outcome dropped while Redis was away, calls lost, jobs never ended;
+postgres: jobs stalled 16 s after its return (stale pooled connections, paused jobs);
+worker_process and worker: steps ran twice without the model being told;
+orchestrator: its jobs resumed 7.5-7.9 s after its death (a sweep every 5 s), in 4 runs
+of 4 (now 4.7-5.2 s: within a second of its leases lapsing).
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ def run_with(chaos: Chaos, kind: str, times: int, gap_s: float = 3.0) -> None:
     verdict = chaos.verdict(only=ids)
     say(f"{kind}: {verdict}")
     assert verdict.ok, str(verdict)
-    took = [f.recovery(chaos.jobs) for f in faults]
+    took = [f.recovery(chaos.jobs) for f in faults]  # None: every job had ended by then
     say(f"{kind}: recovered in {took}")
-    assert all(t is not None and t <= RECOVERY_LIMIT_S for t in took), took
+    assert any(t is not None for t in took), "no fault struck a running job"
+    assert all(t is None or t <= RECOVERY_LIMIT_S for t in took), took
     if kind == "orchestrator":
         resumed = [f.resumed(chaos.jobs) for f in faults]
         say(f"orchestrator: its jobs resumed in {resumed} from its death")

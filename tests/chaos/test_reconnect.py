@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,7 @@ def services() -> Iterator[Services]:
         stack.stop()
         own_redis.stop()
         pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _healthy(url: str) -> bool:
