@@ -16,8 +16,8 @@ deliveries and answers repeats:
 
 A call pinned to one process (a browser session) whose process is gone is answered "session
 lost" at once, whatever its heartbeat key still says: a process that died stops beating, so
-a beat older than two intervals is a dead one. A call that no worker starts is announced as
-waiting, and answered with an error after the schedule-to-start timeout.
+a beat older than two intervals and a half is a dead one's. A call that no worker starts is
+announced as waiting, and answered with an error after the schedule-to-start timeout.
 """
 
 from __future__ import annotations
@@ -72,9 +72,11 @@ class NotAdmitted(Exception):
         self.used = used
 
 
-def session_lost(e: CallEnvelope, proc: str) -> CallOutcome:
+def session_lost(e: CallEnvelope, proc: str, began: bool = False) -> CallOutcome:
+    """A pinned call's answer when the process holding its session's state is gone."""
+    what = "was cut short" if began else "was not run"
     reason = (
-        f"{e.tool} was not run: the session's {e.tool} state lived in worker process {proc}, "
+        f"{e.tool} {what}: the session's {e.tool} state lived in worker process {proc}, "
         "which stopped, and it is lost; start a new one (e.g. navigate or start again)"
     )
     return CallOutcome(
@@ -340,7 +342,7 @@ class Dispatcher:
             if p.future.done() or claim in p.resent_for:
                 continue
             if p.pinned and (info is None or self._stale(pttl)) and await self._trusted():
-                self._resolve(session_lost(e, owner))  # its state died with it
+                self._resolve(session_lost(e, owner, began=True))  # its state died with it
                 continue
             if info is None:  # the owner's heartbeat is gone
                 if not await self._trusted():  # Redis has just come back: beats resume
