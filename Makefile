@@ -3,7 +3,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 BIN     = $(VENV)/bin
 
-.PHONY: install demo test bench lint clean system
+.PHONY: install demo test bench chaos lint clean system
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: install system  ## the whole suite, on real services and components (nothi
 
 bench: install  ## round trip, throughput and 1,000 concurrent jobs, against baselines
 	$(BIN)/python -m bench
+
+CHAOS_JOBS    ?= 100
+CHAOS_MINUTES ?= 5
+chaos: install system  ## faults of every kind at random for minutes while jobs run: lost / repeated, recovery per fault
+	$(BIN)/python -m tests.chaos --jobs $(CHAOS_JOBS) --minutes $(CHAOS_MINUTES)
 
 lint: install
 	$(BIN)/ruff check broker workers orchestrator tests bench

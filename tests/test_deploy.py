@@ -236,6 +236,10 @@ def test_redis_keeps_the_queues_across_restarts(services: dict[str, Service]) ->
     args = command_args(redis)
     assert "--appendonly" in args and args[args.index("--appendonly") + 1] == "yes", args
     assert any(target == "/data" for _, target in volume_mounts(redis)), "AOF not on a volume"
+    # fsynced before each reply (a machine's crash loses no acknowledged outcome), and
+    # nothing evicted (an evicted ledger entry or queued call would be lost)
+    assert args[args.index("--appendfsync") + 1] == "always", args
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction", args
 
 
 def test_workers_are_scalable(worker_services: dict[str, Service]) -> None:

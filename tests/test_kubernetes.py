@@ -892,3 +892,17 @@ def test_metrics_ports_are_the_ones_the_processes_serve(
         hints = obj["spec"]["template"]["metadata"].get("annotations", {})
         assert ports.get("metrics") == port, what
         assert hints.get("prometheus.io/port") == str(port), what
+
+
+def test_the_dev_redis_keeps_what_clawq_needs(rendered: dict[str, list[Obj]]) -> None:
+    """The append-only file fsynced before each reply, and no eviction (README)."""
+    (redis_deployment,) = [
+        o
+        for o in of_kind(rendered["dev"], "Deployment").values()
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "redis"
+    ]
+    (container,) = pod_of(redis_deployment)["containers"]
+    args = container["args"]
+    assert args[args.index("--appendonly") + 1] == "yes", args
+    assert args[args.index("--appendfsync") + 1] == "always", args
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction", args

@@ -52,13 +52,25 @@ class Outcomes:
     ) -> Begin:
         """The ledger's verdict, waiting for Redis if it is away (the same claim sent again
         gets the same answer)."""
+        claim = (job_id, turn, call_id, proc_id, max_deliveries, now)
+        try:  # the common case costs no retry machinery
+            return self.ledger.begin(*claim)
+        except redis.RedisError as exc:
+            if not outage.redis_down(exc):
+                raise
         for attempt in outage.retrying("claiming a call", self.retry_s, outage.redis_down):
             with attempt:
-                return self.ledger.begin(job_id, turn, call_id, proc_id, max_deliveries, now)
+                return self.ledger.begin(*claim)
         raise AssertionError("unreachable")
 
     def push(self, reply_to: str, outcome_json: str) -> None:
         """A repeat's answer, read from the ledger, pushed to its orchestrator again."""
+        try:
+            self.client.lpush(reply_to, outcome_json)
+            return
+        except redis.RedisError as exc:
+            if not outage.redis_down(exc):
+                raise
         for attempt in outage.retrying("answering a repeat", self.retry_s, outage.redis_down):
             with attempt:
                 self.client.lpush(reply_to, outcome_json)
@@ -67,6 +79,12 @@ class Outcomes:
         self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str
     ) -> None:
         """Record and push the outcome; spooled when Redis stays away past the cap."""
+        try:
+            self.ledger.finish(job_id, turn, call_id, reply_to, outcome_json)
+            return
+        except redis.RedisError as exc:
+            if not outage.redis_down(exc):
+                raise
         try:
             for attempt in outage.retrying("recording an outcome", self.retry_s, outage.redis_down):
                 with attempt:

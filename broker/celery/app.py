@@ -11,6 +11,7 @@ from broker import keys
 from broker.config.settings import Settings
 from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, ANNOUNCE_TASK, Group
 from broker.redis.announce import AnnounceItem, AnnounceQueue
+from broker.redis.connections import patient_redis
 
 ANNOUNCE_RESULT_CHARS = 16_000  # of a child's final text, in its parent's conversation
 
@@ -91,8 +92,8 @@ def declare_agent_tasks(app: Celery, settings: Settings) -> None:
         A cancelled child is not announced: whoever cancelled it knows."""
         if result.get("status") == "cancelled":
             return
-        if not clients:
-            clients.append(redis.Redis.from_url(settings.redis_url))
+        if not clients:  # waits for a Redis that is away: the result must not be dropped
+            clients.append(patient_redis(settings.redis_url, settings.outage_retry_s))
         client = clients[0]
         if not client.set(keys.announced(child), 1, nx=True, ex=settings.events_ttl_s):
             return

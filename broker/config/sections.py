@@ -3,6 +3,7 @@ all, so each field is still `CLAWQ_<NAME>` in the environment."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -115,8 +116,9 @@ class ToolCalls(BaseModel):
         "job pauses for recovery",
     )
     spool_dir: str = Field(
-        "/var/lib/clawq/spool",
-        description="outcomes a worker could not record, replayed when Redis answers again",
+        default_factory=lambda: str(Path.home() / ".clawq" / "spool"),
+        description="outcomes a worker could not record, replayed when Redis answers again "
+        "(by any worker process of the host: keep it across restarts)",
     )
 
 

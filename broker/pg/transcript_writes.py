@@ -154,10 +154,13 @@ class TranscriptWrites(PassBatcher[Write]):
     async def _execute(self, items: list[Write]) -> None:
         batch = "[" + ",".join(item.json() for item in items) + "]"
         jobs = list({item.job for item in items})
-        if not self.outage_s:
+        try:  # the common case costs no retry machinery
             async with self.pool.connection() as conn:
                 await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})
             return
+        except psycopg.Error as exc:
+            if not (self.outage_s and postgres_down(exc)):
+                raise
         async for attempt in async_retrying("transcript write", self.outage_s, postgres_down):
             with attempt:
                 async with self.pool.connection() as conn:

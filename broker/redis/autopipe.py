@@ -82,9 +82,11 @@ class Batcher(PassBatcher[tuple[Stack, bool]]):
         its calls, its results must not be dropped. A batch whose replies were lost with
         their connection may run twice: a call sent twice is run once (the ledger), an
         event may be seen twice."""
-        if not self.outage_s:
+        try:  # the common case costs no retry machinery
             replies = await self._execute(items)
-        else:
+        except Exception as exc:
+            if not (self.outage_s and redis_down(exc)):
+                raise
             async for attempt in async_retrying("redis batch", self.outage_s, redis_down):
                 with attempt:
                     replies = await self._execute(items)

@@ -4,7 +4,7 @@ in Redis so every orchestrator charges the same counters atomically.
 A charge adds model turns, tokens (from the providers' usage) and cost (micro-dollars from
 the price table) in one Lua call and answers whether the tree is now over any limit; a
 tree over its budget stays over it, so each of its jobs ends `budget_exceeded` at its next
-step."""
+step. A turn the limit refuses is not counted: a 10-turn budget reports 10 turns."""
 
 from __future__ import annotations
 
@@ -12,14 +12,22 @@ from broker import keys
 from broker.protocol import Limits, Usage
 
 # KEYS: the tree's hash; ARGV: turns, tokens, cost (micro-dollars), the three limits
-# (0: none), ttl. Answers {turns, tokens, cost, over} after the charge.
+# (0: none), ttl. Answers {turns, tokens, cost, over} after the charge. A turn that would
+# pass the turn limit is refused and not counted: `turns` is what the tree ran, and racing
+# jobs of one tree cannot count past it (one script, one check).
 CHARGE = """
-local t = redis.call('HINCRBY', KEYS[1], 'turns', ARGV[1])
+local t = tonumber(redis.call('HGET', KEYS[1], 'turns') or '0')
+local asked, limit = tonumber(ARGV[1]), tonumber(ARGV[4])
+local over = ''
+if asked > 0 and limit > 0 and t + asked > limit then
+  over = 'model turns'
+else
+  t = redis.call('HINCRBY', KEYS[1], 'turns', ARGV[1])
+end
 local k = redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
 local c = redis.call('HINCRBY', KEYS[1], 'cost', ARGV[3])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[7]))
-local over = ''
-if tonumber(ARGV[4]) > 0 and t > tonumber(ARGV[4]) then over = 'model turns'
+if over ~= '' then
 elseif tonumber(ARGV[5]) > 0 and k > tonumber(ARGV[5]) then over = 'tokens'
 elseif tonumber(ARGV[6]) > 0 and c > tonumber(ARGV[6]) then over = 'cost' end
 return {t, k, c, over}

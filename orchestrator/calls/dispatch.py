@@ -16,8 +16,8 @@ deliveries and answers repeats:
 
 A call pinned to one process (a browser session) whose process is gone is answered "session
 lost" at once, whatever its heartbeat key still says: a process that died stops beating, so
-a beat older than two intervals is a dead one. A call that no worker starts is announced as
-waiting, and answered with an error after the schedule-to-start timeout.
+a beat older than two intervals and a half is a dead one's. A call that no worker starts is
+announced as waiting, and answered with an error after the schedule-to-start timeout.
 """
 
 from __future__ import annotations

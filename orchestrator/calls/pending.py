@@ -23,9 +23,11 @@ def cancelled_outcome(job_id: str, turn: int, call_id: str, reason: str) -> Call
     )
 
 
-def session_lost(e: CallEnvelope, proc: str) -> CallOutcome:
+def session_lost(e: CallEnvelope, proc: str, began: bool = False) -> CallOutcome:
+    """A pinned call's answer when the process holding its session's state is gone."""
+    what = "was cut short" if began else "was not run"
     reason = (
-        f"{e.tool} was not run: the session's {e.tool} state lived in worker process {proc}, "
+        f"{e.tool} {what}: the session's {e.tool} state lived in worker process {proc}, "
         "which stopped, and it is lost; start a new one (e.g. navigate or start again)"
     )
     return CallOutcome(

@@ -161,7 +161,7 @@ class CallWatchdog:
             if p.future.done() or claim in p.resent_for:
                 continue
             if p.pinned and (info is None or self._stale(pttl)) and await self._trusted():
-                self._resolve(session_lost(e, owner))  # its state died with it
+                self._resolve(session_lost(e, owner, began=True))  # its state died with it
                 continue
             if info is None:  # the owner's heartbeat is gone
                 if not await self._trusted():  # Redis has just come back: beats resume

@@ -250,7 +250,8 @@ def migrate() -> None:
 @click.command()
 @json_option
 def status(as_json: bool) -> None:
-    """List the live orchestrators and workers, per queue."""
+    """List the live orchestrators and workers, per queue; warn when the broker's Redis
+    would lose work (no append-only file, or keys it may evict)."""
     import redis
 
     from broker import keys
@@ -282,6 +283,12 @@ def status(as_json: bool) -> None:
         ("waiting call", w["queue"], w["call"], f"{time.time() - w['since']:.0f} s", w["tool"])
         for w in sorted(waiting, key=lambda w: w["since"])
     ]
+    from broker.redis.durability import redis_warnings
+
+    report["redis"], warnings = redis_warnings(client)
+    report["redis"]["warnings"] = warnings
     table(("kind", "queue", "process", "node", "confinement"), rows, report, as_json)
     if waiting:
         click.echo(f"{len(waiting)} calls wait for a worker: start one for their queue", err=True)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)

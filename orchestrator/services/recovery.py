@@ -1,10 +1,15 @@
 """Recovery: resume running jobs whose orchestrator stopped holding their lease, and queue
 again the agent runs a dead orchestrator had taken but not accepted; not while Redis has
-just come back (a missing presence then says nothing)."""
+just come back (a missing presence then says nothing).
+
+The sweep reads PostgreSQL, so it runs every SWEEP_S; an orchestrator whose presence has
+just gone (looked at every second, in Redis alone) brings it forward: its jobs are resumed
+within a second of its leases lapsing."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -17,9 +22,12 @@ from orchestrator.services.service import Periodic
 log = logging.getLogger("clawq.orchestrator")
 
 
+SWEEP_S = 5.0
+
+
 class Recovery(Periodic):
     name = "recovery sweep"
-    interval_s = 5.0
+    interval_s = 1.0  # how often the presence of the other orchestrators is looked at
 
     def __init__(
         self,
@@ -39,6 +47,8 @@ class Recovery(Periodic):
         self.own_id = own_id
         self.running = running
         self.accept = accept
+        self.last = 0.0
+        self.gone_before: set[str] = set()
 
     async def tick(self) -> None:
         s = self.settings
@@ -46,10 +56,29 @@ class Recovery(Periodic):
             self.redis, s.heartbeat_interval_s, s.heartbeat_ttl_s
         ):  # Redis has just come back: every presence lapsed, and is beating again
             return
+        gone = await self.gone_orchestrators()
+        now = time.monotonic()
+        due = now - self.last >= SWEEP_S or bool(gone - self.gone_before)
+        self.gone_before = gone
+        if not due:
+            return
+        self.last = now
         await self.agent_queue.restore_dead()
         for job_id in await self.orphans():
             if await self.accept(job_id):
                 log.warning("resumed job %s: no live orchestrator held it", job_id)
+
+    async def gone_orchestrators(self) -> set[str]:
+        """Orchestrators known to take agent runs whose presence is gone."""
+        takers = sorted(
+            t.decode() if isinstance(t, bytes) else str(t)
+            for t in await self.redis.smembers(keys.AGENTS_TAKERS)
+        )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for taker in takers:
+                pipe.exists(keys.proc(taker))
+            alive = await pipe.execute()
+        return {t for t, live in zip(takers, alive, strict=True) if not live}
 
     async def orphans(self) -> list[str]:
         """Unfinished jobs that nobody holds: no lease, and started by no live orchestrator

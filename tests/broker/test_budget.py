@@ -45,3 +45,29 @@ def test_price_of_tokens_from_the_table() -> None:
     table = {"gpt-4o-mini": (0.15, 0.60)}
     assert price(table, "gpt-4o-mini", 1_000_000, 500_000) == pytest.approx(0.45)
     assert price(table, "unknown", 10, 10) == 0.0
+
+
+def test_a_refused_turn_is_not_counted_however_many_race_for_the_last_one(
+    isolated: Isolated,
+) -> None:
+    """A 10-turn budget reports 10 turns (it said 11: the refused turn was counted before
+    the comparison), even with 30 jobs of the tree asking at once."""
+
+    async def go() -> None:
+        client = aioredis.Redis.from_url(isolated.redis_url)
+        try:
+            budget = Budget(client)
+            limits = Limits(turns=10)
+            usages = await asyncio.gather(
+                *(budget.charge("tree", limits, turns=1) for _ in range(30))
+            )
+            allowed = [u for u in usages if not u.over]
+            assert len(allowed) == 10 and sorted(u.turns for u in allowed) == list(range(1, 11))
+            assert all(u.over == "model turns" and u.turns == 10 for u in usages if u.over)
+            tokens = await budget.charge("tree", limits, tokens=5)  # the 10th turn's reply
+            assert (tokens.turns, tokens.over) == (10, "")  # at the limit, not over it
+            assert (await budget.charge("tree", limits, turns=1)).turns == 10
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ import pytest
 from broker.config.settings import Settings
 from broker.pg.store import Store
 from broker.stores.api_keys import ApiKeyStore
-from orchestrator.cli.stack import Stack
+from orchestrator.cli.main.stack import Stack
 from orchestrator.client import Client
 from tests.chaos.services import OwnPostgres, OwnRedis, free_port
 from tests.integration.conftest import call, script, wait_until
@@ -83,6 +84,7 @@ def services() -> Iterator[Services]:
         stack.stop()
         own_redis.stop()
         pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _healthy(url: str) -> bool:

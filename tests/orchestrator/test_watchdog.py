@@ -141,9 +141,10 @@ def test_a_dead_owners_call_is_sent_again_unless_its_outcome_waits_in_a_spool(
 
 
 def test_no_call_is_sent_again_while_redis_has_just_come_back(isolated: Isolated) -> None:
+    """Every heartbeat lapsed while Redis was away: a missing one means nothing until the
+    live processes have had a TTL to beat again."""
+
     async def body(dispatcher: Dispatcher) -> None:
-        """Every heartbeat lapsed while Redis was away: a missing one means nothing until the
-        live processes have had a TTL to beat again."""
         r = dispatcher.redis
         uptime = int((await r.info("server"))["uptime_in_seconds"])
         dispatcher.settings = dispatcher.settings.model_copy(
@@ -159,9 +160,10 @@ def test_no_call_is_sent_again_while_redis_has_just_come_back(isolated: Isolated
 
 
 def test_a_call_taken_and_never_begun_is_sent_again(isolated: Isolated) -> None:
+    """Its taker died between taking it off the queue and beginning it: it is in no
+    queue, in no ledger entry and in no heartbeat."""
+
     async def body(dispatcher: Dispatcher) -> None:
-        """Its taker died between taking it off the queue and beginning it: it is in no
-        queue, in no ledger entry and in no heartbeat."""
         r = dispatcher.redis
         p = await sent(dispatcher, "taken")
         await r.delete("runtime")  # taken by a worker that died at once
@@ -180,9 +182,10 @@ def test_a_call_taken_and_never_begun_is_sent_again(isolated: Isolated) -> None:
 def test_a_pinned_call_whose_process_died_is_answered_session_lost_at_once(
     isolated: Isolated,
 ) -> None:
+    """Its queue is that process's own: nobody else will take it. Its heartbeat key still
+    lives (the TTL), but its last beat is old: the process is gone."""
+
     async def body(dispatcher: Dispatcher) -> None:
-        """Its queue is that process's own: nobody else will take it. Its heartbeat key still
-        lives (the TTL), but its last beat is old: the process is gone."""
         r = dispatcher.redis
         await r.set(keys.proc("ui1"), json.dumps({"id": "ui1"}), px=1000)  # beaten 3 s ago
         p = await sent(dispatcher, "click", queue="ui.host.123", pinned="ui1")

@@ -162,8 +162,8 @@ def test_a_database_error_refuses_the_write_and_never_falls_back_to_disk(
     isolated: Isolated, workspace: Path, job: Any
 ) -> None:
     broken = Store(isolated.database_url)
-    broken.url = "postgresql://postgres@127.0.0.1:1/gone"  # reconnecting finds nothing
-    broken.conn.close()  # the database went away under the worker
+    broken.conn.close()  # the database went away under the worker, and stays away:
+    broken.url = "postgresql://postgres@127.0.0.1:1/gone?connect_timeout=2"  # no reopening
     alice = Job(isolated, broken, workspace, "j", "main", "alice")
     for path in ("SOUL.md", "memory/notes.md", "MEMORY.md"):
         refused = alice("write_file", path=path, content="x")
