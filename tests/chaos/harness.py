@@ -31,10 +31,10 @@ from typing import Any
 import psycopg
 import redis
 
+from broker.pg.store import Store
 from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
 from broker.redis.presence import live_processes
-from broker.pg.store import Store
-from orchestrator.cli.stack import Stack
+from orchestrator.cli.local.stack import Stack
 from tests.chaos.services import OwnPostgres, OwnRedis
 
 RAN_AGAIN = "ran again after its worker died"
@@ -245,8 +245,8 @@ class Chaos:
         return job
 
     def _create(self, job_id: str, spec: JobSpec) -> None:
-        from broker.redis import events
         from broker.celery.publisher import task_message
+        from broker.redis import events
 
         store = Store(self.pg.url)
         try:

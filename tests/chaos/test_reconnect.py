@@ -25,7 +25,7 @@ import pytest
 from broker.config.settings import Settings
 from broker.pg.store import Store
 from broker.stores.api_keys import ApiKeyStore
-from orchestrator.cli.main.stack import Stack
+from orchestrator.cli.local.stack import Stack
 from orchestrator.client import Client
 from tests.chaos.services import OwnPostgres, OwnRedis, free_port
 from tests.integration.conftest import call, script, wait_until
