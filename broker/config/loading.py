@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from broker.config.settings import Settings
+from broker.config.settings import Settings, setting_names
 from broker.config.sources import (
     ConfigFile,
     Environment,
@@ -38,7 +38,7 @@ def load_settings(**given: Any) -> Settings:
 
 def origins() -> dict[str, str]:
     """Where each setting's value comes from: 'env', a config file's path, or 'default'."""
-    found = dict.fromkeys(Settings.model_fields, DEFAULT)
+    found = dict.fromkeys(setting_names(), DEFAULT)
     for source in reversed(config_files()):  # the strongest file is applied last
         for name in ConfigFile(Settings, source).toml_data:
             found[name] = str(source)

@@ -5,6 +5,7 @@ Nothing reads the environment at import time; every limit is here with the seed'
 
 from __future__ import annotations
 
+from pydantic import BaseModel
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.config.sections import (
@@ -82,3 +83,10 @@ class Settings(
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, Environment(settings_cls), *config_sources(settings_cls))
+
+
+def setting_names() -> list[str]:
+    """Every setting's name, section by section in the order `Settings` lists them (the
+    model's own field order follows its bases the other way round)."""
+    sections = [b for b in Settings.__bases__ if issubclass(b, BaseModel) and b is not BaseSettings]
+    return [name for section in sections for name in section.model_fields]

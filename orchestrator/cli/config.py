@@ -15,7 +15,7 @@ import redis
 
 from broker.config.live import TOPIC, ConfigError, LiveConfigStore, diff, validate
 from broker.config.loading import masked, origins
-from broker.config.settings import Settings
+from broker.config.settings import Settings, setting_names
 from broker.pg.store import Store
 from broker.redis import changes
 from orchestrator.cli.common import database, json_option, settings_from_env, table
@@ -69,7 +69,7 @@ def show(as_json: bool) -> None:
     version, live = _live_config(settings)
     values = settings.model_dump(mode="json")
     rows = []
-    for name in Settings.model_fields:
+    for name in setting_names():
         value, origin = values[name], found[name]
         if name in live:
             value, origin = live[name], f"live (version {version})"

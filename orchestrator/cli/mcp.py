@@ -67,9 +67,8 @@ def list_servers(as_json: bool) -> None:
         )
         for s in found
     ]
-    records = [s.model_dump(mode="json") for s in found]
     columns = ("name", "transport", "target", "enabled", "state", "error", "protocol", "auth")
-    table(columns, rows, records, as_json)
+    table(columns, rows, as_json=as_json)
 
 
 @mcp.command("remove")
