@@ -121,7 +121,7 @@ def site(victim: Site, tls_victim: Listener) -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def cluster(site: Site) -> Iterator[Cluster]:
-    # two ui workers: one is killed in the last test, the other answers for it
+    # two ui workers: the last two tests kill one each (the other answers for the first)
     yield from start_cluster(groups=("ui",), workers_per_group=2, web_private_allow=[site.endpoint])
 
 
@@ -329,6 +329,77 @@ def test_the_live_canvas_page_shows_what_the_agent_pushes(
     assert found, shot.output
 
 
+def test_a_signed_link_opens_the_canvas_in_a_browser_that_has_no_key(
+    cluster: Cluster, api: str, api_keys: dict[str, str], workspace: Path
+) -> None:
+    """Issue 30: every job answer names its session; the session's canvas opens in a plain
+    browser by a short-lived signed link (from the API or `clawq canvas open`)."""
+    import httpx
+
+    alice = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {api_keys['alice']}"})
+    bob = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {api_keys['bob']}"})
+    with alice, bob:
+        signed_link_checks(cluster, api, alice, bob, workspace)
+
+
+def signed_link_checks(cluster: Cluster, api: str, alice: Any, bob: Any, workspace: Path) -> None:
+    """The link's whole walk, by alice's and bob's clients (closed by the caller)."""
+    from click.testing import CliRunner
+    from playwright.sync_api import sync_playwright
+
+    from broker.stores.canvas import link_key, sign_link
+    from orchestrator.cli import main as cli
+
+    body = {
+        "prompt": "show",
+        "workspace": str(workspace),
+        "script": script(canvas("c", action="present", content="# Linked"), {"text": "done"}),
+    }
+    submitted = alice.post("/v1/jobs", json=body).json()
+    session = submitted["session_id"]
+    deadline = time.monotonic() + 60
+    while (answer := alice.get(f"/v1/jobs/{submitted['job_id']}").json())["status"] in (
+        "queued",
+        "running",
+    ):
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+    assert answer["status"] == "completed" and answer["session_id"] == session
+
+    link = alice.get(f"/v1/sessions/{session}/canvas-link").json()
+    assert link["url"].startswith(f"{api}/v1/sessions/{session}/canvas?token=")
+    assert 0 < link["expires_at"] - time.time() <= 600
+    assert bob.get(f"/v1/sessions/{session}/canvas-link").status_code == 404
+    port = api.rsplit(":", 1)[1]
+    opened = CliRunner().invoke(
+        cli.main,
+        ["canvas", "open", session, "--print"],
+        env={**cluster.env, "CLAWQ_API_PORT": port, "CLAWQ_HOME": str(workspace)},
+    )
+    assert opened.exit_code == 0, opened.output
+    by_cli = opened.stdout.strip()
+    key = link_key(cluster.client.redis)
+    expired, _ = sign_link(key, session, -1, time.time())
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            for url in (link["url"], by_cli):
+                page = chromium.new_context().new_page()  # no Authorization header
+                assert page.goto(url).status == 200
+                heading = page.frame_locator("#canvas").locator("h1")
+                heading.wait_for(timeout=10_000)  # the events came, by the same token
+                assert heading.inner_text() == "Linked"
+            plain = chromium.new_context().new_page()
+            tampered = link["url"][:-2] + ("AA" if not link["url"].endswith("AA") else "BB")
+            for refused in (tampered, link["url"].split("?")[0], f"{api}/v1/sessions/"
+                            f"{session}/canvas?token={expired}"):  # fmt: skip
+                assert plain.goto(refused).status == 401
+            other = sign_link(key, "s-other", 600, time.time())[0]  # a token of another session
+            assert plain.goto(f"{api}/v1/sessions/{session}/canvas?token={other}").status == 401
+        finally:
+            chromium.close()
+
+
 def test_a_killed_ui_worker_makes_the_next_call_report_the_lost_session(
     cluster: Cluster, site: Site, workspace: Path
 ) -> None:
@@ -385,69 +456,3 @@ def test_a_call_sent_just_after_its_ui_worker_died_is_answered_session_lost_at_o
     assert time.monotonic() - started < 10
     with redis.Redis.from_url(cluster.iso.redis_url) as r:
         assert not r.exists(keys.pin(session, "browser"))  # the next call starts a new one
-
-
-def test_a_signed_link_opens_the_canvas_in_a_browser_that_has_no_key(
-    cluster: Cluster, api: str, api_keys: dict[str, str], workspace: Path
-) -> None:
-    """Issue 30: every job answer names its session; the session's canvas opens in a plain
-    browser by a short-lived signed link (from the API or `clawq canvas open`)."""
-    import httpx
-    from click.testing import CliRunner
-    from playwright.sync_api import sync_playwright
-
-    from broker.stores.canvas import link_key, sign_link
-    from orchestrator.cli import main as cli
-
-    alice = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {api_keys['alice']}"})
-    bob = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {api_keys['bob']}"})
-    body = {
-        "prompt": "show",
-        "workspace": str(workspace),
-        "script": script(canvas("c", action="present", content="# Linked"), {"text": "done"}),
-    }
-    submitted = alice.post("/v1/jobs", json=body).json()
-    session = submitted["session_id"]
-    deadline = time.monotonic() + 60
-    while (answer := alice.get(f"/v1/jobs/{submitted['job_id']}").json())["status"] in (
-        "queued",
-        "running",
-    ):
-        assert time.monotonic() < deadline, answer
-        time.sleep(0.2)
-    assert answer["status"] == "completed" and answer["session_id"] == session
-
-    link = alice.get(f"/v1/sessions/{session}/canvas-link").json()
-    assert link["url"].startswith(f"{api}/v1/sessions/{session}/canvas?token=")
-    assert 0 < link["expires_at"] - time.time() <= 600
-    assert bob.get(f"/v1/sessions/{session}/canvas-link").status_code == 404
-    port = api.rsplit(":", 1)[1]
-    opened = CliRunner().invoke(
-        cli.main,
-        ["canvas", "open", session, "--print"],
-        env={**cluster.env, "CLAWQ_API_PORT": port, "CLAWQ_HOME": str(workspace)},
-    )
-    assert opened.exit_code == 0, opened.output
-    by_cli = opened.stdout.strip()
-    key = link_key(cluster.client.redis)
-    expired, _ = sign_link(key, session, -1, time.time())
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            for url in (link["url"], by_cli):
-                page = chromium.new_context().new_page()  # no Authorization header
-                assert page.goto(url).status == 200
-                heading = page.frame_locator("#canvas").locator("h1")
-                heading.wait_for(timeout=10_000)  # the events came, by the same token
-                assert heading.inner_text() == "Linked"
-            plain = chromium.new_context().new_page()
-            tampered = link["url"][:-2] + ("AA" if not link["url"].endswith("AA") else "BB")
-            for refused in (tampered, link["url"].split("?")[0], f"{api}/v1/sessions/"
-                            f"{session}/canvas?token={expired}"):  # fmt: skip
-                assert plain.goto(refused).status == 401
-            other = sign_link(key, "s-other", 600, time.time())[0]  # a token of another session
-            assert plain.goto(f"{api}/v1/sessions/{session}/canvas?token={other}").status == 401
-        finally:
-            chromium.close()
-            alice.close()
-            bob.close()
