@@ -123,7 +123,14 @@ class CallOutcome(BaseModel):
 
 
 JobStatus = Literal[
-    "queued", "running", "completed", "failed", "cancelled", "max_iterations", "budget_exceeded"
+    "queued",
+    "running",
+    "waiting",  # parked: every pending call waits for a person; no process holds it
+    "completed",
+    "failed",
+    "cancelled",
+    "max_iterations",
+    "budget_exceeded",
 ]
 FINAL_STATUSES: frozenset[str] = frozenset(
     {"completed", "failed", "cancelled", "max_iterations", "budget_exceeded"}
@@ -161,6 +168,10 @@ class JobSpec(BaseModel):
     root_session: str = ""  # whose rate limit the whole tree shares
     depth: int = 0
     label: str = ""
+    # how long a person's request of this job waits, and what its end does (None: the
+    # agent's choice, else the settings'); 0 s: as long as it takes
+    approval_timeout_s: float | None = Field(None, ge=0)
+    on_timeout: Literal["deny", "cancel"] | None = None
 
 
 class Subagent(BaseModel):
@@ -213,6 +224,9 @@ EventType = Literal[
     "tool_call_denied",
     "approval_requested",
     "approval_resolved",
+    "input_requested",
+    "input_resolved",
+    "job_waiting",
     "steered",
     "subagent_spawned",
     "subagent_finished",

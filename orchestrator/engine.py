@@ -50,6 +50,7 @@ from orchestrator.services.control import ControlChannel
 from orchestrator.services.cron import CronService
 from orchestrator.services.leases import LeaseKeeper, Leases
 from orchestrator.services.recovery import Recovery
+from orchestrator.services.requests import RequestExpiry
 from orchestrator.services.service import Service
 from orchestrator.services.subagents import SubagentArchive
 from orchestrator.services.task_events import AgentTaskEvents
@@ -160,6 +161,7 @@ class Orchestrator:
             SubagentArchive(self.settings, self.store, self.redis),
             ArtifactPurge(self.settings),
             CronService(self.settings, self.app),
+            RequestExpiry(self.store, self.app),
         ]
         for duty in self.duties:
             await duty.start()
@@ -298,8 +300,8 @@ class Orchestrator:
         if row is None:
             log.error("agent run for unknown job %s dropped", job_id)
             return None
-        if row["status"] in FINAL_STATUSES:
-            return None
+        if row["status"] in FINAL_STATUSES or row["status"] == "waiting":
+            return None  # over, or parked: the answer to its last request queues it again
         spec = JobSpec.model_validate(row["spec"])
         if spec.depth > 0:
             if not await self._reclaim_slot(job_id):

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from broker.pg.store import Store
+    from broker.stores.requests import Question
 
 Permission = Literal["allow", "ask", "deny"]
 # a tool's own verdict; "confined": allowed only where commands run confined, else asked
@@ -185,3 +186,8 @@ class Tool(Generic[InputT]):
     def rules_for(self, args: InputT, workspace: str) -> list[str]:
         """The allow rules an "allow-always" answer stores for this call."""
         return [self.name]
+
+    def question(self, args: InputT) -> Question | None:
+        """A question a person answers in place of a worker running this call (ask_user):
+        the orchestrator asks it and the answer is the call's result."""
+        return None

@@ -32,6 +32,8 @@ LIVE_KEYS = (
     "user_ceilings",
     "hooks",
     "approval_timeout_s",
+    "approval_on_timeout",
+    "agent_approval_timeout_s",
     "rate_limit_per_hour",
     "max_parallel_calls",
     "web_allow_domains",

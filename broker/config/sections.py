@@ -138,7 +138,18 @@ class Permissions(BaseModel):
         "/var/lib/clawq/workspaces", description="a user's workspaces lie under <root>/<user>"
     )
     hooks: HooksConfig = Field(default_factory=HooksConfig)
-    approval_timeout_s: float = Field(120.0, gt=0, description="unanswered approval → deny")
+    approval_timeout_s: float = Field(
+        0.0, ge=0, description="a person's request waits this long; 0: as long as it takes"
+    )
+    approval_on_timeout: Literal["deny", "cancel"] = Field(
+        "deny", description="an unanswered request's end: its call denied, or the job cancelled"
+    )
+    agent_approval_timeout_s: dict[str, float] = Field(
+        default_factory=dict, description="per agent, over approval_timeout_s"
+    )
+    park_after_s: float = Field(
+        10.0, ge=0, description="a job waiting only for people leaves memory after this"
+    )
     # exec approvals (goclaw §4): which commands run, and when a person is asked
     exec_security: Literal["deny", "allowlist", "full"] = "allowlist"
     exec_ask: Literal["off", "on-miss", "always"] = "on-miss"

@@ -1,23 +1,25 @@
-"""Approvals: a call whose permission is "ask" waits for a person's answer.
+"""A person's answers, as the orchestrator waiting in memory hears of them.
 
-The request is stored in PostgreSQL and announced on the job's event stream; the client
-answers through Redis (an answer key, then a push on the control channel) so that the
-orchestrator waiting for it is woken at once, and an answer given before the wait began,
-or while a push was missed, is still found. No answer in time means deny.
+A request (an approval, a question) is stored in PostgreSQL and announced on the job's
+event stream; whoever answers records the answer there first (broker/stores/requests.py:
+the first answer wins), then tells the orchestrators through Redis (an answer key, then a
+push on the control channel), so that one waiting for it is woken at once, and an answer
+given before the wait began, or while a push was missed, is still found. A job parked
+while it waited reads its answers from PostgreSQL when it runs again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from broker import keys
 
-Answer = Literal["allow-once", "allow-always", "deny"]
+Answer = Literal["allow-once", "allow-always", "deny", "answered"]  # answered: a question
 ANSWERS: tuple[str, ...] = ("allow-once", "allow-always", "deny")
 
 
@@ -26,6 +28,7 @@ class ApprovalAnswer(BaseModel):
     decision: Answer
     by: str = ""
     admin: bool = False  # answered with an admin's key (or an operator's direct client)
+    answer: Any = None  # a question's answer
 
 
 def answer_key(request_id: str) -> str:

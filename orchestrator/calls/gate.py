@@ -5,6 +5,8 @@
 2. pre-tool hooks — may deny, ask, allow, or rewrite the input (validated again);
 3. permission — rules of every source, the tool's own checks, protected paths, the mode;
    "ask" is answered by an allow-always grant or by a person (approval), else denied.
+   A person is asked once the turn is stored (`confirm`, from the call's own task), so
+   the request outlives the process: a resumed turn finds it, answered or not.
 
 The session's rate limit (a subagent tree shares its root session's) is the last check,
 made as the call is sent, in the same round trip (JobRun.dispatch). A refused call
@@ -14,16 +16,18 @@ and the rule or hook that decided; no worker ever sees it.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from broker.obs.metrics import metrics
 from broker.pg.store import AsyncStore
 from broker.protocol import JobSpec
+from broker.stores import requests
 from broker.stores.mcp import catalog_entry
+from broker.stores.requests import OnTimeout, PersonRequest
 from orchestrator.calls.approvals import Approvals
 from orchestrator.calls.hooks import Event, HookInput, Hooks
 from orchestrator.calls.permissions import Behavior, Decision, decide
@@ -33,6 +37,12 @@ from workers.registry import Registry
 from workers.tool import Tool, ToolInput, ToolResult
 
 Emit = Callable[..., Awaitable[None]]
+# waits for a person to answer a request (its expiry, or None); the request as answered
+WaitForPerson = Callable[[str, "datetime | None"], Awaitable[PersonRequest]]
+
+
+class Unanswered(Exception):
+    """A person's request ran out of time and the job's choice is to be cancelled."""
 
 
 @dataclass
@@ -43,6 +53,7 @@ class Ready:
     decision: Decision
     writable: list[str] = field(default_factory=list)  # protected paths a person approved
     confined: bool = False  # allowed only because commands run confined (Decision.confined)
+    asked: Decision | None = None  # a person must approve it first (Gate.confirm)
 
 
 @dataclass
@@ -62,7 +73,8 @@ class Gate:
     hooks: Hooks
     approvals: Approvals
     store: AsyncStore
-    approval_timeout_s: float
+    approval_timeout_s: float  # 0: as long as it takes
+    on_timeout: OnTimeout
     emit: Emit
     defaults: dict[str, Behavior] = field(default_factory=dict)  # tool default overrides
     contained: bool = False  # commands run confined here (`workers.confine.host.contains`)
@@ -105,14 +117,23 @@ class Gate:
             decision = self.administration(tool, args)
         elif decision.behavior == "ask" and decision.layer == "default":
             decision = await self.granted(tool, args) or decision
-        writable: list[str] = []
         if decision.behavior == "ask":
-            decision = await self.approval(turn, call, tool, args, decision)
-            if decision.behavior == "allow":
-                writable = tool.protected_paths(args, self.spec.workspace)
+            return Ready(call, tool, args, decision, asked=decision)
         if decision.behavior != "allow":
             return await self.refuse(call, decision.layer, decision.reason, decision.by)
-        return Ready(call, tool, args, decision, writable, decision.confined)
+        return Ready(call, tool, args, decision, [], decision.confined)
+
+    async def confirm(self, turn: int, ready: Ready, person: WaitForPerson) -> Ready | Refused:
+        """A call that asks: a person's answer (however long it takes) allows or refuses it."""
+        if ready.asked is None:
+            return ready
+        decision = await self.approval(
+            turn, ready.call, ready.tool, ready.args, ready.asked, person
+        )
+        if decision.behavior != "allow":
+            return await self.refuse(ready.call, decision.layer, decision.reason, decision.by)
+        writable = ready.tool.protected_paths(ready.args, self.spec.workspace)
+        return Ready(ready.call, ready.tool, ready.args, decision, writable, decision.confined)
 
     async def rate_limited(self, ready: Ready, used: int) -> Refused:
         """The session's rate limit refused the call as it was sent."""
@@ -172,38 +193,59 @@ class Gate:
         return None
 
     async def approval(
-        self, turn: int, call: ToolCall, tool: Tool[Any], args: ToolInput, asked: Decision
+        self,
+        turn: int,
+        call: ToolCall,
+        tool: Tool[Any],
+        args: ToolInput,
+        asked: Decision,
+        person: WaitForPerson,
     ) -> Decision:
-        request_id = uuid.uuid4().hex
-        await self.store.create_approval(
-            request_id, self.job_id, turn, call.id, tool.name, call.input, asked.reason
-        )
-        await self.emit(
-            "approval_requested",
-            request_id=request_id,
-            call_id=call.id,
-            name=tool.name,
-            input=call.input,
-            reason=asked.reason,
-            layer=asked.layer,
-            by=asked.by,
-            summary=tool.summary(args),
+        request, new = await requests.open_request(
+            self.store.pool,
+            uuid.uuid4().hex,
+            self.job_id,
+            turn,
+            call.id,
+            tool.name,
+            call.input,
+            asked.reason,
             timeout_s=self.approval_timeout_s,
-            expires_at=time.time() + self.approval_timeout_s,
+            on_timeout=self.on_timeout,
+            user_id=self.spec.user_id,
         )
-        pending = metrics().approvals_pending
-        pending.inc()
-        try:
-            answer = await self.approvals.wait(request_id, self.approval_timeout_s)
-        finally:
-            pending.dec()
-        status = answer.decision if answer else "timeout"
-        who = (answer.by if answer else "") or "unknown"
-        await self.store.answer_approval(request_id, status, who)
+        if new:  # a resumed turn's request was announced when it was opened
+            await self.emit(
+                "approval_requested",
+                request_id=request.id,
+                call_id=call.id,
+                name=tool.name,
+                input=call.input,
+                reason=asked.reason,
+                layer=asked.layer,
+                by=asked.by,
+                summary=tool.summary(args),
+                timeout_s=self.approval_timeout_s or None,
+                expires_at=request.expires_at.timestamp() if request.expires_at else None,
+            )
+        if request.status == "pending":
+            pending = metrics().approvals_pending
+            pending.inc()
+            try:
+                request = await person(request.id, request.expires_at)
+            finally:
+                pending.dec()
+        who = request.answered_by or "unknown"
         await self.emit(
-            "approval_resolved", request_id=request_id, call_id=call.id, decision=status, by=who
+            "approval_resolved",
+            request_id=request.id,
+            call_id=call.id,
+            decision=request.status,
+            by=who,
         )
-        if answer is None:
+        if request.status == "timeout":
+            if request.on_timeout == "cancel":
+                raise Unanswered(f"{tool.name} was not approved in time")
             return Decision(
                 "deny",
                 "approval",
@@ -211,10 +253,10 @@ class Gate:
                 f"(it needs approval: {asked.reason}); ask the user or try another way",
                 "timeout",
             )
-        if answer.decision == "deny":
+        if request.status == "deny":
             return Decision("deny", "approval", f"{who} denied {tool.name}", f"user {who}")
         if asked.layer == "tenancy":  # administration: an admin's answer, never a grant
-            if not answer.admin:
+            if not request.answered_admin:
                 return Decision(
                     "deny",
                     "tenancy",
@@ -222,12 +264,12 @@ class Gate:
                     f"user {who}",
                 )
             return Decision("allow", "approval", f"allowed once by admin {who}", f"admin {who}")
-        if answer.decision == "allow-always":
+        if request.status == "allow-always":  # stored once: a grant is a set member
             rules = tool.rules_for(args, self.spec.workspace)
             await self.store.add_grants(
                 self.spec.user_id, self.spec.agent_id, rules, who, self.job_id
             )
-        return Decision("allow", "approval", f"{answer.decision} by {who}", f"user {who}")
+        return Decision("allow", "approval", f"{request.status} by {who}", f"user {who}")
 
     async def refuse(self, call: ToolCall, layer: str, reason: str, by: str = "") -> Refused:
         await self.emit(

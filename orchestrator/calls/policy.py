@@ -33,12 +33,19 @@ GROUP_MEMBERS: dict[str, tuple[str, ...]] = {
     ),
     "ui": ("browser", "canvas"),
     "automation": ("cron", "gateway"),
-    "messaging": ("message",),
+    "messaging": ("message", "ask_user"),
     "media": ("tts", "image", "skill_search"),
 }
 PROFILES: dict[str, tuple[str, ...] | None] = {
     "full": None,  # every registered tool
-    "coding": ("group:fs", "group:runtime", "group:sessions", "group:memory", "image"),
+    "coding": (
+        "group:fs",
+        "group:runtime",
+        "group:sessions",
+        "group:memory",
+        "image",
+        "ask_user",
+    ),
     "messaging": (
         "group:messaging",
         "sessions_list",

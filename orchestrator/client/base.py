@@ -38,6 +38,8 @@ class JobOptions(TypedDict, total=False):
     channel: str
     chat_id: str
     budget: dict[str, Any] | None
+    approval_timeout_s: float | None
+    on_timeout: str | None
 
 
 class Job(ABC):
@@ -68,6 +70,11 @@ class Job(ABC):
     @abstractmethod
     def approve(self, request_id: str, decision: str, by: str = "", admin: bool = True) -> None:
         """Answer an `approval_requested` event: allow-once, allow-always or deny."""
+
+    @abstractmethod
+    def answer(self, request_id: str, answer: str | list[str], by: str = "") -> None:
+        """Answer an `input_requested` event (ask_user): text, or one of its choices (a
+        list of them when it allows several)."""
 
     @abstractmethod
     def steer(self, message: str) -> None:

@@ -40,7 +40,9 @@ from broker.protocol import (
 )
 from broker.redis import changes, events
 from broker.redis.control import cancel_jobs
+from broker.stores import requests
 from broker.stores.custom_tools import TOPIC as CUSTOM_TOPIC
+from broker.stores.requests import BadAnswer, PersonRequest, given
 from orchestrator.admin.custom_tools import CustomAdmin
 from orchestrator.admin.mcp import McpAdmin
 from orchestrator.calls.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
@@ -107,20 +109,50 @@ class LocalJob(Job):
         the database); only an admin's answer approves administration."""
         if decision not in ANSWERS:
             raise ClientError(f"decision must be one of {', '.join(ANSWERS)}, not '{decision}'")
-        request = self.client.store.approval(request_id)
-        if request is None or request["job_id"] != self.id:
-            raise NotNow(f"job {self.id} has no approval request {request_id}")
-        if request["status"] != "pending":
-            raise NotNow(f"approval request {request_id} is already {request['status']}")
+        self._answer(request_id, "approval", decision, by, admin)
+
+    def answer(
+        self, request_id: str, answer: str | list[str], by: str = "", admin: bool = True
+    ) -> None:
+        request = self._request(request_id, "question")
+        try:
+            value = given(request, answer)
+        except BadAnswer as exc:
+            raise ClientError(str(exc)) from None
+        self._answer(request_id, "question", "answered", by, admin, value)
+
+    def _request(self, request_id: str, kind: str) -> PersonRequest:
+        request = requests.request(self.client.store.conn, request_id)
+        if request is None or request.job_id != self.id:
+            raise NotNow(f"job {self.id} has no request {request_id}")
+        if request.kind != kind:
+            verb = "approve" if request.kind == "approval" else "answer"
+            raise ClientError(f"request {request_id} is a {request.kind}: {verb} it")
+        if request.status != "pending":
+            raise NotNow(f"request {request_id} is already {request.status}")
+        return request
+
+    def _answer(
+        self, request_id: str, kind: str, status: str, by: str, admin: bool, value: Any = None
+    ) -> None:
+        """The answer in PostgreSQL first (the first one wins), then the waiting process
+        told; the job queued again when it was parked and this was its last request."""
+        self._request(request_id, kind)
+        who = by or getpass.getuser()
+        conn = self.client.store.conn
+        if not requests.answer(conn, request_id, status, who, admin, value):
+            raise NotNow(f"request {request_id} was answered meanwhile")
+        woken = requests.wake(conn, self.id)
         answer = ApprovalAnswer(
-            request_id=request_id,
-            decision=decision,
-            by=by or getpass.getuser(),
-            admin=admin,
+            request_id=request_id, decision=status, by=who, admin=admin, answer=value
         )
         stored, message = publish_answer(answer)
-        self.client.redis.set(answer_key(request_id), stored, ex=self.client.settings.events_ttl_s)
-        self.client.redis.publish(keys.CONTROL_CHANNEL, message)
+        pipe = self.client.redis.pipeline(transaction=False)
+        pipe.set(answer_key(request_id), stored, ex=self.client.settings.events_ttl_s)
+        pipe.publish(keys.CONTROL_CHANNEL, message)
+        pipe.execute()
+        if woken:
+            self.client.resume(self.id)
 
     def steer(self, message: str) -> None:
         """Redirect a running job: its current work stops, and after a short settle it goes
@@ -147,10 +179,14 @@ class LocalJob(Job):
         return top
 
     def cancel(self) -> None:
-        """Ask for the job to stop: no further turns; the job ends `cancelled`."""
+        """Ask for the job to stop: no further turns; the job ends `cancelled`. A parked
+        job's requests are closed unanswered, and it runs again to end."""
         cancel_jobs(
             self.client.redis, [self.id], "the job was cancelled", self.client.settings.events_ttl_s
         )
+        conn = self.client.store.conn
+        if requests.close_unanswered(conn, self.id) and requests.wake(conn, self.id):
+            self.client.resume(self.id)
 
 
 class LocalClient(Client, kind="local"):
@@ -193,6 +229,8 @@ class LocalClient(Client, kind="local"):
         channel: str = "",
         chat_id: str = "",
         budget: dict[str, Any] | None = None,
+        approval_timeout_s: float | None = None,
+        on_timeout: str | None = None,
         admin: bool = True,
     ) -> LocalJob:
         """Store the job and queue its agent run; returns at once.
@@ -222,6 +260,10 @@ class LocalClient(Client, kind="local"):
             rules_from(rules, "job")
         except RuleError as exc:
             raise ClientError(str(exc)) from None
+        if on_timeout not in (None, "deny", "cancel"):
+            raise ClientError(f"on_timeout must be deny or cancel, not '{on_timeout}'")
+        if approval_timeout_s is not None and approval_timeout_s < 0:
+            raise ClientError("approval_timeout_s must be 0 (as long as it takes) or more")
         if permission_mode not in get_args(PermissionMode):
             raise ClientError(
                 f"permission_mode must be one of {', '.join(get_args(PermissionMode))}"
@@ -242,6 +284,8 @@ class LocalClient(Client, kind="local"):
             channel=channel,
             chat_id=chat_id,
             budget=budget,
+            approval_timeout_s=approval_timeout_s,
+            on_timeout=on_timeout,
             admin=admin,
         )
         if not admin:
@@ -257,6 +301,15 @@ class LocalClient(Client, kind="local"):
             AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
         )
         return LocalJob(self, job_id)
+
+    def resume(self, job_id: str) -> None:
+        """Queue a parked job's run again (its last request was answered)."""
+        self.app.send_task(AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE)
+
+    def requests(self, user: str | None = None) -> list[PersonRequest]:
+        """Pending approvals and questions across jobs, oldest first: one user's, or (None)
+        everyone's."""
+        return requests.pending(self.store.conn, user)
 
     def live_settings(self) -> Settings:
         """The settings in force: the environment's with the applied live configuration

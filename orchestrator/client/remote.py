@@ -21,6 +21,7 @@ from broker.config.mcp import Grant
 from broker.protocol import FINAL_STATUSES, Event, JobResult, Subagent
 from broker.stores.custom_tools import CustomTool
 from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
+from broker.stores.requests import PersonRequest
 from orchestrator.admin.definitions import read_definition
 from orchestrator.admin.mcp_login import LoginStart
 from orchestrator.client.base import Client, ClientError, Job, JobOptions
@@ -95,6 +96,14 @@ class RemoteJob(Job):
         _check(
             self.client.http.post(
                 f"/v1/jobs/{self.id}/approvals/{request_id}", json={"decision": decision}
+            )
+        )
+
+    def answer(self, request_id: str, answer: str | list[str], by: str = "") -> None:
+        """Over the API the key says who answers."""
+        _check(
+            self.client.http.post(
+                f"/v1/jobs/{self.id}/inputs/{request_id}", json={"answer": answer}
             )
         )
 
@@ -239,6 +248,13 @@ class RemoteClient(Client, kind="remote"):
 
     def job(self, job_id: str) -> RemoteJob:
         return RemoteJob(self, job_id)
+
+    def requests(self, user: str | None = None) -> list[PersonRequest]:
+        """The key's user's pending approvals and questions (an admin's key: everyone's,
+        or `user`'s)."""
+        params = {"status": "pending", **({"user": user} if user else {})}
+        found = _check(self.http.get("/v1/requests", params=params)).json()
+        return [PersonRequest.model_validate(r) for r in found]
 
     @property
     def mcp(self) -> RemoteMcp:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 from broker import keys, outage
@@ -18,8 +19,10 @@ from broker.protocol import (
     Event,
 )
 from broker.redis.presence import stale
+from broker.stores import requests
+from broker.stores.requests import Question
 from orchestrator.calls.dispatch import NotAdmitted
-from orchestrator.calls.gate import Ready, Refused
+from orchestrator.calls.gate import Ready, Refused, Unanswered, WaitForPerson
 from orchestrator.calls.pending import cancelled_outcome
 from orchestrator.conversation import ToolCall
 from orchestrator.job.transcript import JobTranscript
@@ -36,6 +39,22 @@ class JobCalls(JobTranscript):
         self.current = TurnCalls(self, turn)
         await self.current.finish(calls)
         self.current = None
+
+    async def park(self) -> bool:
+        """Leave memory while people answer, if a request is still pending (else the turn
+        goes on: its answers are in PostgreSQL). The lease goes with the same round trip
+        as the `job_waiting` event; whoever answers the last request queues the job."""
+        await self.settle()
+        if not await requests.park(self.s.store.pool, self.job_id):
+            return False
+        self.defer("job_waiting", turn=self.turns)
+        async with self.s.redis.pipeline(transaction=False) as pipe:
+            self.take_pending(pipe)
+            pipe.delete(keys.lease(self.job_id))
+            await pipe.execute()
+        self.finished = True  # its lease is given up: another process may resume it now
+        log.info("job %s parked: waiting for people", self.job_id)
+        return True
 
     def cancel_key(self, turn: int, call_id: str) -> str:
         return keys.cancel_call(self.job_id, turn, call_id)
@@ -186,6 +205,69 @@ class JobCalls(JobTranscript):
             if outcome.metadata.get("session_lost"):  # the next call starts a new one
                 await self.s.redis.delete(keys.pin(self.session_id, ready.tool.name))
             return await self.after(ready, outcome)
+
+    async def ask(
+        self, turn: int, ready: Ready, question: Question, person: WaitForPerson
+    ) -> CallOutcome:
+        """A call a person answers (ask_user): the question is opened once (a resumed turn
+        finds it), announced as `input_requested`, and its answer is the call's result."""
+        gate, call = self.gate, ready.call
+        request, new = await requests.open_request(
+            self.s.store.pool,
+            uuid.uuid4().hex,
+            self.job_id,
+            turn,
+            call.id,
+            ready.tool.name,
+            call.input,
+            question.question,
+            kind="question",
+            question=question,
+            timeout_s=gate.approval_timeout_s,
+            on_timeout=gate.on_timeout,
+            user_id=self.spec.user_id,
+        )
+        if new:
+            await self.emit(
+                "input_requested",
+                request_id=request.id,
+                call_id=call.id,
+                question=question.question,
+                choices=question.choices,
+                multi=question.multi,
+                timeout_s=gate.approval_timeout_s or None,
+                expires_at=request.expires_at.timestamp() if request.expires_at else None,
+            )
+        if request.status == "pending":
+            request = await person(request.id, request.expires_at)
+        who = request.answered_by or "unknown"
+        self.defer("input_resolved", request_id=request.id, call_id=call.id, status=request.status)
+        if request.status == "timeout" and request.on_timeout == "cancel":
+            raise Unanswered(f"the user did not answer '{question.question}' in time")
+        if request.status == "answered":
+            given = request.answer
+            text = ", ".join(map(str, given)) if isinstance(given, list) else str(given)
+            result, failed = f"{who} answered: {text}", False
+        elif request.status == "timeout":
+            result, failed = (
+                f"no answer within {gate.approval_timeout_s:g}s; go on without it or ask later",
+                True,
+            )
+        else:  # closed unanswered (the job was cancelled)
+            result, failed = f"the question was closed unanswered ({request.status})", True
+        return await self.after(
+            ready,
+            CallOutcome(
+                call_id=call.id,
+                job_id=self.job_id,
+                turn=turn,
+                for_llm=result,
+                for_user=result,
+                is_error=failed,
+                worker="person",
+                attempts=0,
+            ),
+        )
 
     async def after(self, ready: Ready, outcome: CallOutcome) -> CallOutcome:
         """Post-tool hooks (their context is added for the model) and the audit fields."""

@@ -16,8 +16,9 @@ from broker.config.policy import PermissionRules
 from broker.obs import tracing
 from broker.obs.metrics import metrics
 from broker.stores.mcp import accessible_tools
+from broker.stores.requests import OnTimeout
 from orchestrator.calls import tenancy
-from orchestrator.calls.gate import Gate
+from orchestrator.calls.gate import Gate, Unanswered
 from orchestrator.calls.permissions import exec_approvals, hidden_paths, job_rules, network_allowed
 from orchestrator.calls.policy import PolicyEngine, PolicyError
 from orchestrator.calls.rules import RuleError
@@ -25,7 +26,7 @@ from orchestrator.conversation import Message
 from orchestrator.job.finish import JobFinish
 from orchestrator.job.prompt import system_prompt
 from orchestrator.job.state import JobCancelled
-from orchestrator.job.turn import TurnCalls
+from orchestrator.job.turn import JobParked, TurnCalls
 from orchestrator.providers import ModelError, ModelRequest, provider_for
 from workers.confine.host import contains
 from workers.tools.mcp.tool import tool_class
@@ -80,7 +81,7 @@ class JobRun(JobFinish):
             s.hooks,
             s.approvals,
             s.store,
-            s.settings.approval_timeout_s,
+            *self.approval_wait(),
             self.emit,
             exec_approvals(s.settings)[1],
             contains(s.settings),
@@ -118,10 +119,23 @@ class JobRun(JobFinish):
                     status, text, error = "failed", "", str(exc)
                 except JobCancelled:
                     status, text, error = "cancelled", "", "cancelled by request"
+                except Unanswered as exc:  # its choice: cancelled when no one answers
+                    status, text, error = "cancelled", "", str(exc)
+                except JobParked:
+                    return  # in PostgreSQL, waiting: whoever answers queues it again
                 await self.finish(status, text, error)
         finally:
             m.jobs_running.dec()
         m.jobs.labels(status).inc()
+
+    def approval_wait(self) -> tuple[float, OnTimeout]:
+        """How long a person's request of this job waits (0: as long as it takes) and what
+        its end does: the job's choice, else its agent's, else the live settings'."""
+        s, spec = self.s.settings, self.spec
+        timeout = spec.approval_timeout_s
+        if timeout is None:
+            timeout = s.agent_approval_timeout_s.get(spec.agent_id, s.approval_timeout_s)
+        return timeout, spec.on_timeout or s.approval_on_timeout
 
     async def loop(self) -> tuple[str, str, str]:
         provider = provider_for(self.spec.model, self.spec.script, self.s.settings, self.s.http)

@@ -9,20 +9,37 @@ transcript before any of its effects is sent (an orchestrator that dies mid-stre
 model asked again, and only reads ran). When an exec fails, its still-running siblings are
 stopped (the error cascade). Results are recorded once, in the model's order, each under
 its original id.
+
+A call that needs a person (an approval, a question) asks once the turn is stored, and
+waits in memory for up to `park_after_s`; once nothing else of the turn runs, the turn
+parks the job (JobParked): the job leaves memory and whoever answers the last request
+queues it again, to be resumed from its transcript like any other.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
+from broker.errors import Signal
 from broker.protocol import CallOutcome
+from broker.stores import requests
+from broker.stores.requests import PersonRequest
 from orchestrator.calls.gate import Ready, Refused
 from orchestrator.calls.pending import cancelled_outcome
 from orchestrator.conversation import ToolCall
 
 if TYPE_CHECKING:
     from orchestrator.job.calls import JobCalls
+
+
+class JobParked(Signal):
+    """Every call left of the turn waits for a person: the job leaves memory, `waiting`."""
+
+
+PARK_RETRY_S = 0.25  # a turn not idle yet is looked at again this soon
 
 
 class TurnCalls:
@@ -41,6 +58,9 @@ class TurnCalls:
         # held calls go on: sent once the turn is stored (finish), else answered unsent
         self.released = asyncio.Event()
         self.sent: set[int] = set()  # calls handed to dispatch
+        self.working = 0  # calls past their turn to start, not waiting for a person
+        self.parking = asyncio.Event()  # a person's wait found the turn idle: park it
+        self.unparked = asyncio.Event()  # the park found nothing pending: look again
 
     async def add(self, call: ToolCall) -> None:
         """Check one call (the gate) and schedule it; returns without waiting for it."""
@@ -54,7 +74,8 @@ class TurnCalls:
             return
         if checked.tool.concurrency_safe(checked.args):
             before = [self.last_unsafe] if self.last_unsafe else []
-            task = asyncio.ensure_future(self._after(before, index, checked, hold=False))
+            asks = checked.asked is not None  # a person is asked once the turn is stored
+            task = asyncio.ensure_future(self._after(before, index, checked, hold=asks))
             self.since_unsafe.append(task)
         else:
             before = [t for t in (self.last_unsafe, *self.since_unsafe) if t]
@@ -74,8 +95,28 @@ class TurnCalls:
             await self.released.wait()
         if index in self.outcomes:  # stopped before it started
             return
+        self.working += 1
+        try:
+            await self._run(index, ready)
+        finally:
+            self.working -= 1
+
+    async def _run(self, index: int, ready: Ready) -> None:
+        run = self.run
+        if ready.asked is not None:
+            confirmed = await run.gate.confirm(self.turn, ready, self.person)
+            if isinstance(confirmed, Refused):
+                self.outcomes.setdefault(index, run.local_outcome(self.turn, ready.call, confirmed))
+                await run.emit_finished(ready.call, self.outcomes[index])
+                return
+            ready = confirmed
+            if index in self.outcomes:  # stopped while it waited
+                return
         self.sent.add(index)
-        outcome = await self.run.dispatch(self.turn, ready)
+        if (question := ready.tool.question(ready.args)) is not None:
+            outcome = await run.ask(self.turn, ready, question, self.person)
+        else:
+            outcome = await run.dispatch(self.turn, ready)
         self.outcomes.setdefault(index, outcome)
         # the turn's last call: its event goes out with the job's next round trip (the
         # next turn's start, or the job's end), right after the turn is recorded
@@ -134,8 +175,74 @@ class TurnCalls:
             await self.add(call)
         self.complete = True
         self.released.set()  # the caller stored the turn before it asked for its end
-        if self.tasks:
-            await asyncio.wait(self.tasks.values())
+        await self.settle_all()
         for task in self.tasks.values():
             task.result()  # a bug in dispatch surfaces here, not silently
         await self.run.record(self.turn, self.calls, self.outcomes)
+
+    async def settle_all(self) -> None:
+        """Wait for every call; park the job when a person's wait asks for it and nothing
+        of the turn runs (a request still pending in PostgreSQL), else go on waiting."""
+        left = set(self.tasks.values())
+        while left:
+            parking: asyncio.Future[Any] = asyncio.ensure_future(self.parking.wait())
+            waits: set[asyncio.Future[Any]] = {*left, parking}
+            try:
+                _, pending = await asyncio.wait(waits, return_when="FIRST_COMPLETED")
+            finally:
+                parking.cancel()
+            pending.discard(parking)
+            left = {t for t in left if t in pending}
+            failed = [
+                t for t in self.tasks.values() if t.done() and not t.cancelled() and t.exception()
+            ]
+            if failed or self.parking.is_set():
+                parked = not failed and self.idle() and await self.run.park()
+                if failed or parked:
+                    for task in left:
+                        task.cancel()
+                    if left:
+                        await asyncio.wait(left)
+                    if failed:
+                        failed[0].result()
+                    raise JobParked
+                self.parking.clear()
+                self.unparked.set()
+                self.unparked = asyncio.Event()
+
+    def idle(self) -> bool:
+        """Nothing of the turn runs: every call left waits for a person, or behind one."""
+        return self.complete and self.working == 0
+
+    async def person(self, request_id: str, expires_at: datetime | None) -> PersonRequest:
+        """A person's answer to a request of this turn (or its time running out): heard in
+        memory; after `park_after_s`, once the turn is idle, the job is parked instead."""
+        s = self.run.s
+        deadline = (
+            None
+            if expires_at is None
+            else time.monotonic() + (expires_at.timestamp() - time.time())
+        )
+        park_at = time.monotonic() + s.settings.park_after_s
+        self.working -= 1
+        try:
+            while True:
+                until = park_at if deadline is None else min(park_at, deadline)
+                answer = await s.approvals.wait(request_id, max(0.0, until - time.monotonic()))
+                if answer is not None or (deadline is not None and time.monotonic() >= deadline):
+                    break
+                if self.idle():
+                    unparked = self.unparked
+                    self.parking.set()
+                    await unparked.wait()  # cancelled instead when the job parks
+                    found = await requests.find(s.store.pool, request_id)
+                    if found is not None and found.status != "pending":
+                        return found
+                park_at = time.monotonic() + PARK_RETRY_S
+        finally:
+            self.working += 1
+        found = await requests.find(s.store.pool, request_id)
+        if found is None or found.status == "pending":  # its time is up: first to close wins
+            found = await requests.settle(s.store.pool, request_id, "timeout", "timeout")
+        assert found is not None  # it was opened by this job
+        return found

@@ -14,7 +14,7 @@ from tests.conftest import Isolated
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"approval_timeout_s": 0}, "approval_timeout_s"),
+        ({"approval_timeout_s": -1}, "approval_timeout_s"),
         ({"tool_policy": {"deny": "exec"}}, "tool_policy.deny"),
         ({"permissions": {"deny": []}}, "permissions"),  # the managed rules: never live
         ({"secret_key": "x"}, "secret_key"),

@@ -1,0 +1,258 @@
+"""A person's requests: approvals of calls and questions (`ask_user`), kept in PostgreSQL
+until answered, however long that takes.
+
+A job whose every pending call waits for a person is parked: its status becomes
+`waiting` and no process holds it. Parking and answering race, and neither may lose the
+other: `park` sets `waiting` only while a request of the job is still pending, and `wake`
+sets `running` only once none is; each side writes first and checks after, so whichever
+comes second sees both writes, and only one of them resumes the job.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, Field
+
+Kind = Literal["approval", "question"]
+OnTimeout = Literal["deny", "cancel"]
+
+
+class Question(BaseModel):
+    """What `ask_user` asks: free text, or one (or several) of the choices."""
+
+    question: str
+    choices: list[str] = Field(default_factory=list)
+    multi: bool = False
+
+
+class PersonRequest(BaseModel):
+    """One request, as the inbox and the clients show it."""
+
+    id: str
+    job_id: str
+    kind: Kind
+    turn: int
+    call_id: str
+    tool: str
+    input: dict[str, Any]
+    reason: str
+    question: Question | None = None
+    status: str  # pending, allow-once, allow-always, deny, answered, timeout
+    answer: Any = None
+    answered_by: str = ""
+    answered_admin: bool = False
+    user_id: str = ""
+    requested_at: datetime
+    answered_at: datetime | None = None
+    expires_at: datetime | None = None
+    on_timeout: OnTimeout = "deny"
+
+
+OPEN = (
+    "INSERT INTO approvals (id, job_id, turn, call_id, tool, input, reason, kind, question,"
+    " expires_at, on_timeout, user_id)"
+    " VALUES (%(id)s, %(job_id)s, %(turn)s, %(call_id)s, %(tool)s, %(input)s, %(reason)s,"
+    " %(kind)s, %(question)s, CASE WHEN %(timeout_s)s::float8 > 0"
+    "   THEN now() + make_interval(secs => %(timeout_s)s::float8) END,"
+    " %(on_timeout)s, %(user_id)s)"
+    " ON CONFLICT (job_id, turn, call_id) DO UPDATE SET job_id = EXCLUDED.job_id"
+    " RETURNING *, (xmax = 0) AS created"
+)
+ANSWER = (
+    "UPDATE approvals SET status = %(status)s, answer = %(answer)s, answered_by = %(by)s,"
+    " answered_admin = %(admin)s, answered_at = now()"
+    " WHERE id = %(id)s AND status = 'pending' RETURNING job_id"
+)
+PARK = (
+    "UPDATE jobs SET status = 'waiting' WHERE id = %(job)s AND status = 'running'"
+    " AND EXISTS (SELECT 1 FROM approvals WHERE job_id = %(job)s AND status = 'pending')"
+    " RETURNING id"
+)
+WAKE = (
+    "UPDATE jobs SET status = 'running' WHERE id = %(job)s AND status = 'waiting'"
+    " AND NOT EXISTS (SELECT 1 FROM approvals WHERE job_id = %(job)s AND status = 'pending')"
+    " RETURNING id"
+)
+SELECT_ONE = "SELECT * FROM approvals WHERE id = %s"
+SELECT_PENDING = (
+    "SELECT * FROM approvals WHERE status = 'pending'"
+    " AND (%(user)s::text IS NULL OR user_id = %(user)s) ORDER BY requested_at LIMIT %(limit)s"
+)
+CLOSE_UNANSWERED = (
+    "UPDATE approvals SET status = 'deny', answered_by = 'cancelled', answered_at = now()"
+    " WHERE job_id = %s AND status = 'pending' RETURNING id"
+)
+SELECT_EXPIRED = (
+    "SELECT a.id, a.job_id FROM approvals a JOIN jobs j ON j.id = a.job_id"
+    " WHERE a.status = 'pending' AND a.expires_at < now() AND j.status = 'waiting'"
+    " ORDER BY a.expires_at LIMIT 500"
+)
+
+
+def _request(row: dict[str, Any]) -> PersonRequest:
+    return PersonRequest.model_validate({k: v for k, v in row.items() if k != "created"})
+
+
+# -- the orchestrator's side (asynchronous) ---------------------------------------------------
+
+
+async def open_request(
+    pool: AsyncConnectionPool,
+    request_id: str,
+    job_id: str,
+    turn: int,
+    call_id: str,
+    tool: str,
+    call_input: dict[str, Any],
+    reason: str,
+    *,
+    kind: Kind = "approval",
+    question: Question | None = None,
+    timeout_s: float = 0.0,
+    on_timeout: OnTimeout = "deny",
+    user_id: str = "",
+) -> tuple[PersonRequest, bool]:
+    """The call's request, opened now or (a resumed turn) found as it was; and whether it
+    is new (a new one is announced, a found one was already)."""
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            OPEN,
+            {
+                "id": request_id,
+                "job_id": job_id,
+                "turn": turn,
+                "call_id": call_id,
+                "tool": tool,
+                "input": Jsonb(call_input),
+                "reason": reason,
+                "kind": kind,
+                "question": Jsonb(question.model_dump()) if question else None,
+                "timeout_s": timeout_s,
+                "on_timeout": on_timeout,
+                "user_id": user_id,
+            },
+        )
+        row = await cur.fetchone()
+    assert row is not None  # an upsert returns its row
+    return _request(row), bool(row["created"])
+
+
+async def find(pool: AsyncConnectionPool, request_id: str) -> PersonRequest | None:
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(SELECT_ONE, (request_id,))
+        row = await cur.fetchone()
+    return _request(row) if row else None
+
+
+async def settle(
+    pool: AsyncConnectionPool, request_id: str, status: str, by: str
+) -> PersonRequest | None:
+    """Close a request the orchestrator decided (its timeout) unless a person answered
+    first; the request as it now stands."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            ANSWER, {"status": status, "answer": None, "by": by, "admin": False, "id": request_id}
+        )
+    return await find(pool, request_id)
+
+
+async def park(pool: AsyncConnectionPool, job_id: str) -> bool:
+    """The job waits, held by no process, if a request of it is still pending."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(PARK, {"job": job_id})
+        return await cur.fetchone() is not None
+
+
+async def wake_async(pool: AsyncConnectionPool, job_id: str) -> bool:
+    async with pool.connection() as conn:
+        cur = await conn.execute(WAKE, {"job": job_id})
+        return await cur.fetchone() is not None
+
+
+async def expired(pool: AsyncConnectionPool) -> list[tuple[str, str]]:
+    """(request, job) of parked jobs' requests past their time."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(SELECT_EXPIRED)
+        return [(row[0], row[1]) for row in await cur.fetchall()]
+
+
+# -- the answering side (synchronous: the clients, the API) -----------------------------------
+
+
+def request(conn: psycopg.Connection[Any], request_id: str) -> PersonRequest | None:
+    row = conn.cursor(row_factory=dict_row).execute(SELECT_ONE, (request_id,)).fetchone()
+    return _request(row) if row else None
+
+
+def answer(
+    conn: psycopg.Connection[Any],
+    request_id: str,
+    status: str,
+    by: str,
+    admin: bool,
+    value: Any = None,
+) -> bool:
+    """Record a person's answer (the first one wins); whether this one did."""
+    row = conn.execute(
+        ANSWER,
+        {
+            "status": status,
+            "answer": Jsonb(value) if value is not None else None,
+            "by": by,
+            "admin": admin,
+            "id": request_id,
+        },
+    ).fetchone()
+    return row is not None
+
+
+class BadAnswer(ValueError):
+    """An answer the question does not accept; the message says what it does."""
+
+
+def given(request: PersonRequest, answer: str | list[str]) -> str | list[str]:
+    """The answer as the question takes it: free text, one of its choices, or (multi) a
+    list of them."""
+    q = request.question or Question(question=request.reason)
+    picked = [answer] if isinstance(answer, str) else list(answer)
+    if not q.choices:
+        text = answer if isinstance(answer, str) else ", ".join(answer)
+        if not text.strip():
+            raise BadAnswer("the answer is empty")
+        return text
+    unknown = [a for a in picked if a not in q.choices]
+    if unknown or not picked or (len(picked) > 1 and not q.multi):
+        many = "one or more" if q.multi else "one"
+        raise BadAnswer(f"answer with {many} of: {', '.join(q.choices)}")
+    return picked if q.multi else picked[0]
+
+
+def close_unanswered(conn: psycopg.Connection[Any], job_id: str) -> bool:
+    """Close a job's pending requests as denied (it is being cancelled); whether any was."""
+    return bool(conn.execute(CLOSE_UNANSWERED, (job_id,)).fetchall())
+
+
+def wake(conn: psycopg.Connection[Any], job_id: str) -> bool:
+    """The parked job runs again once none of its requests is pending; whether this call
+    is the one that woke it (it then queues the job's run)."""
+    return conn.execute(WAKE, {"job": job_id}).fetchone() is not None
+
+
+def pending(
+    conn: psycopg.Connection[Any], user_id: str | None, limit: int = 200
+) -> list[PersonRequest]:
+    """Pending requests, oldest first: one user's, or (None: an admin) everyone's."""
+    rows = (
+        conn.cursor(row_factory=dict_row)
+        .execute(SELECT_PENDING, {"user": user_id, "limit": limit})
+        .fetchall()
+    )
+    return [_request(r) for r in rows]
