@@ -19,6 +19,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
 
+from broker.protocol import CallOutcome
+
 Kind = Literal["approval", "question"]
 OnTimeout = Literal["deny", "cancel"]
 
@@ -95,6 +97,25 @@ SELECT_EXPIRED = (
 )
 
 
+# a parked turn's finished calls, kept in the durable ledger (the hot one in Redis lapses
+# after `ledger_ttl_s`, and a person may answer later than that)
+KEEP = (
+    "UPDATE tool_calls t SET status = 'done', is_error = o.is_error, for_llm = o.for_llm,"
+    " for_user = o.for_user, metadata = o.metadata, worker = o.worker, attempts = o.attempts,"
+    " decision = o.decision, decided_by = o.decided_by, decision_reason = o.decision_reason,"
+    " finished_at = to_timestamp(o.finished_at)"
+    " FROM jsonb_to_recordset(%s::jsonb) AS o(job_id text, turn int, call_id text,"
+    " is_error bool, for_llm text, for_user text, metadata jsonb, worker text, attempts int,"
+    " decision text, decided_by text, decision_reason text, finished_at float8)"
+    " WHERE t.job_id = o.job_id AND t.turn = o.turn AND t.call_id = o.call_id"
+)
+KEPT = (
+    "SELECT call_id, job_id, turn, for_llm, for_user, is_error, metadata, queue, worker,"
+    " attempts, decision, decided_by, decision_reason FROM tool_calls"
+    " WHERE job_id = %s AND turn = %s AND status = 'done'"
+)
+
+
 def _request(row: dict[str, Any]) -> PersonRequest:
     return PersonRequest.model_validate({k: v for k, v in row.items() if k != "created"})
 
@@ -162,6 +183,25 @@ async def settle(
             ANSWER, {"status": status, "answer": None, "by": by, "admin": False, "id": request_id}
         )
     return await find(pool, request_id)
+
+
+async def keep_outcomes(pool: AsyncConnectionPool, outcomes: list[CallOutcome]) -> None:
+    """The finished calls of a turn about to be parked, in the durable ledger."""
+    if outcomes:
+        rows = "[" + ",".join(o.model_dump_json() for o in outcomes) + "]"
+        async with pool.connection() as conn:
+            await conn.execute(KEEP, (rows,))
+
+
+async def kept_outcomes(
+    pool: AsyncConnectionPool, job_id: str, turn: int
+) -> dict[str, CallOutcome]:
+    """The calls of a resumed turn that finished before it was parked, by call id."""
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(KEPT, (job_id, turn))
+        rows = await cur.fetchall()
+    return {r["call_id"]: CallOutcome.model_validate(r) for r in rows}
 
 
 async def park(pool: AsyncConnectionPool, job_id: str) -> bool:

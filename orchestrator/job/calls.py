@@ -37,6 +37,8 @@ class JobCalls(JobTranscript):
     async def run_calls(self, turn: int, calls: list[ToolCall]) -> None:
         """Check, schedule and await a turn's calls; record their results in model order."""
         self.current = TurnCalls(self, turn)
+        if turn == self.resumed_turn:  # it may have been parked: what ran is kept
+            self.current.kept = await requests.kept_outcomes(self.s.store.pool, self.job_id, turn)
         await self.current.finish(calls)
         self.current = None
 
