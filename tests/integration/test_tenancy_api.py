@@ -47,6 +47,11 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{session_id}/canvas/events"): "object",
     ("GET", "/v1/sessions/{session_id}/canvas-link"): "object",
     ("GET", "/v1/artifacts/{artifact_id}"): "object",
+    ("POST", "/v1/jobs/{job_id}/inputs/{request_id}"): "object",
+    ("POST", "/v1/inbox/{request_id}"): "object",
+    ("GET", "/v1/requests"): "self",
+    ("GET", "/v1/inbox"): "self",
+    ("GET", "/v1/inbox-link"): "self",
     ("GET", "/v1/mcp/servers"): "admin",
     ("POST", "/v1/mcp/servers"): "admin",
     ("DELETE", "/v1/mcp/servers/{name}"): "admin",
@@ -80,6 +85,7 @@ SERVER = {"mcpServers": {"walked": {"url": "http://127.0.0.1:9/mcp"}}}
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/jobs/{job_id}/approvals/{request_id}"): {"decision": "allow-once"},
     ("POST", "/v1/jobs/{job_id}/steer"): {"message": "bob was here"},
+    ("POST", "/v1/jobs/{job_id}/inputs/{request_id}"): {"answer": "bob was here"},
     ("POST", "/v1/mcp/servers"): {"mcpServers": {"bobs": {"url": "http://127.0.0.1:9/x"}}},
     ("POST", "/v1/mcp/grants"): {"server": "walked", "user": "bob"},
     ("POST", "/v1/mcp/requests/{request_id}/review"): {"decision": "approve"},
@@ -233,7 +239,7 @@ def test_another_users_objects_are_404_and_admin_routes_403_and_nothing_changes(
             assert response.status_code == expected, (method, path, response.text)
             assert set(response.json()) == {"error"}, response.text
             walked[kind] += 1
-    assert walked == {"object": 11, "admin": 17}
+    assert walked == {"object": 13, "admin": 17}
     assert state(cluster, alices["job_id"]) == before
     # and what bob tried had no effect later: alice's job goes on as hers alone
     with client(api, keys["alice"]) as alice:
@@ -306,7 +312,7 @@ def test_every_v1_route_refuses_a_missing_or_bad_key(
             assert response.status_code == 401, (method, path, response.text)
             assert response.json()["error"]["code"] == "unauthorized"
             count += 1
-    assert count == 30
+    assert count == 35
     assert {k.id: k.last_used_at for k in store.list()} == used  # no key was marked used
 
 
@@ -325,7 +331,7 @@ def test_a_malformed_id_is_404_on_every_route_that_takes_one(
                 assert response.status_code == 404, (who, method, path, response.text)
                 assert response.json()["error"]["code"] == "not_found"
                 count += 1
-    assert count == 11 + 19  # alice's object routes; the admin's, all that take an id
+    assert count == 13 + 21  # alice's object routes; the admin's, all that take an id
 
 
 def test_a_malformed_resume_point_is_refused_before_the_stream(
