@@ -55,6 +55,7 @@ class JobCalls(JobTranscript):
             pipe.delete(keys.lease(self.job_id))
             await pipe.execute()
         self.finished = True  # its lease is given up: another process may resume it now
+        self.s.task_events.parked(self.job_id)
         log.info("job %s parked: waiting for people", self.job_id)
         return True
 

@@ -58,6 +58,7 @@ class TurnCalls:
         # held calls go on: sent once the turn is stored (finish), else answered unsent
         self.released = asyncio.Event()
         self.sent: set[int] = set()  # calls handed to dispatch
+        self.kept: dict[str, CallOutcome] = {}  # a resumed parked turn's finished calls
         self.working = 0  # calls past their turn to start, not waiting for a person
         self.parking = asyncio.Event()  # a person's wait found the turn idle: park it
         self.unparked = asyncio.Event()  # the park found nothing pending: look again
@@ -103,6 +104,10 @@ class TurnCalls:
 
     async def _run(self, index: int, ready: Ready) -> None:
         run = self.run
+        if (kept := self.kept.get(ready.call.id)) is not None:  # it ran before the park
+            self.outcomes.setdefault(index, kept)
+            await run.emit_finished(ready.call, kept)
+            return
         if ready.asked is not None:
             confirmed = await run.gate.confirm(self.turn, ready, self.person)
             if isinstance(confirmed, Refused):
@@ -197,7 +202,7 @@ class TurnCalls:
                 t for t in self.tasks.values() if t.done() and not t.cancelled() and t.exception()
             ]
             if failed or self.parking.is_set():
-                parked = not failed and self.idle() and await self.run.park()
+                parked = not failed and self.idle() and await self.park()
                 if failed or parked:
                     for task in left:
                         task.cancel()
@@ -209,6 +214,12 @@ class TurnCalls:
                 self.parking.clear()
                 self.unparked.set()
                 self.unparked = asyncio.Event()
+
+    async def park(self) -> bool:
+        """The turn's finished calls kept in the durable ledger, then the job parked."""
+        done = [self.outcomes[i] for i in self.sent if i in self.outcomes]
+        await requests.keep_outcomes(self.run.s.store.pool, done)
+        return await self.run.park()
 
     def idle(self) -> bool:
         """Nothing of the turn runs: every call left waits for a person, or behind one."""

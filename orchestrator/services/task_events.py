@@ -69,6 +69,10 @@ class AgentTaskEvents:
         self.send(pipe, [("task-received", received), ("task-started", {"uuid": job_id})])
         self._started[job_id] = time.monotonic()
 
+    def parked(self, job_id: str) -> None:
+        """The job left this process (waiting for people): its start is forgotten here."""
+        self._started.pop(job_id, None)
+
     def finished(self, pipe: Any, job_id: str, status: str, text: str, error: str) -> None:
         runtime = time.monotonic() - self._started.pop(job_id, time.monotonic())
         if status == "completed":
