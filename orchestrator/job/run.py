@@ -121,8 +121,9 @@ class JobRun(JobFinish):
                     status, text, error = "cancelled", "", "cancelled by request"
                 except Unanswered as exc:  # its choice: cancelled when no one answers
                     status, text, error = "cancelled", "", str(exc)
-                except JobParked:
-                    return  # in PostgreSQL, waiting: whoever answers queues it again
+                except JobParked:  # in PostgreSQL, waiting: whoever answers queues it again
+                    self.release()
+                    return
                 await self.finish(status, text, error)
         finally:
             m.jobs_running.dec()

@@ -4,6 +4,7 @@ transcript, its calls, its end) reads and adds to."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,25 @@ class Services:
     budget: Budget | None = None  # made on the first charge (its script's hash, once)
 
 
+COLLECT_AFTER_S = 2.0
+_collection: list[asyncio.TimerHandle] = []
+
+
+def collect_soon() -> None:
+    """A full collection shortly after jobs leave the process (parked): their parts form
+    cycles (a turn's tasks and their frames) that the orchestrator's rare full passes
+    (engine.serve's thresholds) would keep for long, and parked jobs must cost nothing.
+    At most one per COLLECT_AFTER_S, however many park."""
+    if not _collection:
+        loop = asyncio.get_running_loop()
+        _collection.append(loop.call_later(COLLECT_AFTER_S, _collect))
+
+
+def _collect() -> None:
+    _collection.clear()
+    gc.collect()
+
+
 class JobCancelled(Signal):
     pass
 
@@ -98,6 +118,19 @@ class JobState:
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
         self.registry, self.policy = services.registry, services.policy  # + its MCP tools
         self.system = spec.system  # + its agent's context files (load_tools)
+
+    def release(self) -> None:
+        """Drop what the job holds, once it has left this process (parked): the cycles
+        between its parts (the gate's emit, the turn's tasks) wait for the collector's
+        rare full pass, and what they reach is freed now instead."""
+        self.messages = []
+        self.transcript = None
+        self.current = None
+        self.pending = []
+        self.openai_tools = []
+        self.anthropic_tools = []
+        self.tools = []
+        collect_soon()
 
     async def emit(self, type_: EventType, **data: Any) -> None:
         """Emit now (after what is pending, in order)."""
