@@ -4,7 +4,7 @@ in the same bench: held in memory while they wait (clawq before issue 31: `park_
 never reached) and parked (`park_after_s` 0.5). They come in waves of `BENCH_PARKED_WAVE`
 (200), each once the last is waiting, as people's approvals pile up over hours. For each
 run, the orchestrator's RSS with every job waiting against its RSS at rest (after a wave
-of jobs that asked nothing and ended: a process that has worked), and its peak; then
+of such jobs waited, was answered and ended: a process that has worked), and its peak; then
 `BENCH_PARKED_ANSWERS` of the jobs answered one at a time: the time from the answer to
 the job's next model turn (`turn_started`), which a parked job reaches through the
 agents queue and its transcript.
@@ -91,10 +91,15 @@ def one_run(bench: Any, process: Any, wait_for: Callable[..., None], park: bool)
     ):
         wait_for(bench.workers_ready("fs", 1))
         wait_for(lambda: hotpath.orchestrators(bench) >= 1)
-        warm = spec.model_copy(update={"ask": [], "allow": ["write_file"]})
-        done = hotpath.submit_many(bench, [warm] * WAVE)
-        wait_for(lambda: all(hotpath.status(bench, j) == "completed" for j in done[-5:]))
-        time.sleep(2.0)
+        # at rest: a process that has had a wave of such jobs wait, answered and ended
+        warm = hotpath.submit_many(bench, [spec] * WAVE)
+        wait_for(lambda: waiting(bench, park) >= WAVE, timeout=600)
+        with Client(bench.settings) as client, psycopg.connect(bench.database_url) as conn:
+            asked = conn.execute("SELECT id, job_id FROM approvals").fetchall()
+            for request_id, job_id in asked:
+                client.job(job_id).approve(request_id, "allow-once", by="bench")
+        wait_for(lambda: all(hotpath.status(bench, j) == "completed" for j in warm), timeout=600)
+        time.sleep(3.0)
         idle = rss_mb(orch.pid)
         started = time.perf_counter()
         ids: list[str] = []
@@ -110,7 +115,8 @@ def one_run(bench: Any, process: Any, wait_for: Callable[..., None], park: bool)
         with Client(bench.settings) as client:
             with psycopg.connect(bench.database_url) as conn:
                 rows = conn.execute(
-                    "SELECT id, job_id FROM approvals WHERE job_id = ANY(%s) LIMIT %s",
+                    "SELECT id, job_id FROM approvals WHERE job_id = ANY(%s)"
+                    " AND status = 'pending' LIMIT %s",
                     (ids, ANSWERS),
                 ).fetchall()
             for request_id, job_id in rows:

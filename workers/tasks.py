@@ -94,6 +94,24 @@ def register_tool_tasks(
             ignore_result=True,
         )
 
+    if Group.messaging.value in queues:  # and a person's requests sent to a chat
+        from workers.tools.messaging.requests import NOTIFY_TASK, notify
+
+        def notify_task(request_id: str, channel: str, chat: str) -> None:
+            notify(settings, runtime().store().conn, request_id, channel, chat)
+
+        app.conf.task_routes[NOTIFY_TASK] = {"queue": Group.messaging.value}
+        app.task(
+            notify_task,
+            name=NOTIFY_TASK,
+            shared=False,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=60,
+            time_limit=60 + settings.tool_grace_s,
+            ignore_result=True,
+        )
+
     def start() -> None:
         runtime()
         if Group.memory.value in queues:  # resend index tasks that were lost

@@ -17,8 +17,9 @@ TtsProvider = Literal["espeak", "openai", "elevenlabs", "edge"]
 class MessageChannel(BaseModel):
     """One channel `message` can send to. `kind` decides which fields matter:
     webhook: `url` (+ `secret_env` for the HMAC-SHA256 signature);
-    slack: `url` (an incoming webhook) or `token_env` (chat.postMessage at `api_base`);
-    telegram: `token_env` (the Bot API at `api_base`);
+    slack: `url` (an incoming webhook) or `token_env` (chat.postMessage at `api_base`),
+    `secret_env` the signing secret of its interactivity webhook;
+    telegram: `token_env` (the Bot API at `api_base`), `secret_env` its webhook's secret;
     email: `host`, `port`, `username`, `password_env`, `sender`, `starttls`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -36,6 +37,13 @@ class MessageChannel(BaseModel):
     starttls: bool = True
     ca_file: str = ""  # email: a CA bundle to trust (a private mail server); '': the system's
     default_target: str = ""  # a chat, a Slack channel, an address
+    # answers from the chat (slack, telegram): the inbound webhook's secret is `secret_env`
+    # (Slack's signing secret; Telegram's setWebhook secret_token); who may answer is the
+    # job's user, by the identity mapped here, or an admin's identity
+    users: dict[str, str] = Field(
+        default_factory=dict, description="a chat identity (Slack or Telegram user id) → user"
+    )
+    admins: list[str] = Field(default_factory=list, description="chat identities of admins")
 
     @field_validator("token_env", "secret_env", "password_env")
     @classmethod

@@ -85,7 +85,10 @@ ACCEPT_JOB = (
     "   'content', m.content, 'job_id', m.job_id) ORDER BY m.seq), '[]')"
     "   FROM messages m WHERE m.session_id = jobs.session_id) AS transcript"
 )
-SELECT_APPROVAL = "SELECT * FROM approvals WHERE id = %s"
+SELECT_APPROVAL = (  # by name: a later migration's column must not change a prepared plan
+    "SELECT id, job_id, turn, call_id, tool, input, reason, status, answered_by,"
+    " requested_at, answered_at FROM approvals WHERE id = %s"
+)
 INSERT_APPROVAL = (
     "INSERT INTO approvals (id, job_id, turn, call_id, tool, input, reason)"
     " VALUES (%s, %s, %s, %s, %s, %s, %s)"

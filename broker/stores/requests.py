@@ -54,8 +54,23 @@ class PersonRequest(BaseModel):
     answered_at: datetime | None = None
     expires_at: datetime | None = None
     on_timeout: OnTimeout = "deny"
+    chat_message: dict[str, str] | None = None  # {channel, chat, id} where it was asked
 
 
+def options(request: PersonRequest) -> list[str]:
+    """The answers a chat's buttons offer, in order."""
+    if request.kind == "approval":
+        return ["allow-once", "allow-always", "deny"]
+    return list(request.question.choices) if request.question else []
+
+
+# every column by name: a column added by a later migration while processes run must not
+# change what their prepared statements return ("cached plan must not change result type")
+COLUMNS = (
+    "id, job_id, kind, turn, call_id, tool, input, reason, question, status, answer,"
+    " answered_by, answered_admin, user_id, requested_at, answered_at, expires_at, on_timeout,"
+    " chat_message"
+)
 OPEN = (
     "INSERT INTO approvals (id, job_id, turn, call_id, tool, input, reason, kind, question,"
     " expires_at, on_timeout, user_id)"
@@ -64,7 +79,7 @@ OPEN = (
     "   THEN now() + make_interval(secs => %(timeout_s)s::float8) END,"
     " %(on_timeout)s, %(user_id)s)"
     " ON CONFLICT (job_id, turn, call_id) DO UPDATE SET job_id = EXCLUDED.job_id"
-    " RETURNING *, (xmax = 0) AS created"
+    f" RETURNING {COLUMNS}, (xmax = 0) AS created"
 )
 ANSWER = (
     "UPDATE approvals SET status = %(status)s, answer = %(answer)s, answered_by = %(by)s,"
@@ -81,9 +96,9 @@ WAKE = (
     " AND NOT EXISTS (SELECT 1 FROM approvals WHERE job_id = %(job)s AND status = 'pending')"
     " RETURNING id"
 )
-SELECT_ONE = "SELECT * FROM approvals WHERE id = %s"
+SELECT_ONE = f"SELECT {COLUMNS} FROM approvals WHERE id = %s"
 SELECT_PENDING = (
-    "SELECT * FROM approvals WHERE status = 'pending'"
+    f"SELECT {COLUMNS} FROM approvals WHERE status = 'pending'"
     " AND (%(user)s::text IS NULL OR user_id = %(user)s) ORDER BY requested_at LIMIT %(limit)s"
 )
 CLOSE_UNANSWERED = (
@@ -273,6 +288,32 @@ def given(request: PersonRequest, answer: str | list[str]) -> str | list[str]:
         many = "one or more" if q.multi else "one"
         raise BadAnswer(f"answer with {many} of: {', '.join(q.choices)}")
     return picked if q.multi else picked[0]
+
+
+def set_chat_message(
+    conn: psycopg.Connection[Any], request_id: str, channel: str, chat: str, message_id: str
+) -> None:
+    conn.execute(
+        "UPDATE approvals SET chat_message = %s WHERE id = %s",
+        (Jsonb({"channel": channel, "chat": chat, "id": message_id}), request_id),
+    )
+
+
+def by_chat_message(
+    conn: psycopg.Connection[Any], channel: str, chat: str, message_id: str
+) -> PersonRequest | None:
+    """The request asked in this chat message (a reply to it answers it)."""
+    row = (
+        conn.cursor(row_factory=dict_row)
+        .execute(
+            f"SELECT {COLUMNS} FROM approvals WHERE chat_message IS NOT NULL"
+            " AND chat_message->>'channel' = %s AND chat_message->>'chat' = %s"
+            " AND chat_message->>'id' = %s",
+            (channel, chat, message_id),
+        )
+        .fetchone()
+    )
+    return _request(row) if row else None
 
 
 def close_unanswered(conn: psycopg.Connection[Any], job_id: str) -> bool:

@@ -78,6 +78,7 @@ class Gate:
     emit: Emit
     defaults: dict[str, Behavior] = field(default_factory=dict)  # tool default overrides
     contained: bool = False  # commands run confined here (`workers.confine.host.contains`)
+    notify: Callable[[str], Awaitable[None]] | None = None  # a request asked in the job's chat
 
     async def check(self, turn: int, call: ToolCall, seen: set[str]) -> Ready | Refused:
         if call.id in seen:
@@ -215,6 +216,8 @@ class Gate:
             user_id=self.spec.user_id,
         )
         if new:  # a resumed turn's request was announced when it was opened
+            if self.notify is not None:
+                await self.notify(request.id)
             await self.emit(
                 "approval_requested",
                 request_id=request.id,

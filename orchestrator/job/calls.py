@@ -4,6 +4,7 @@ events a client reads."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ from broker.protocol import (
     CallEnvelope,
     CallOutcome,
     Event,
+    Group,
 )
 from broker.redis.presence import stale
 from broker.stores import requests
@@ -27,6 +29,7 @@ from orchestrator.calls.pending import cancelled_outcome
 from orchestrator.conversation import ToolCall
 from orchestrator.job.transcript import JobTranscript
 from orchestrator.job.turn import TurnCalls
+from workers.tools.messaging.requests import NOTIFY_TASK
 
 log = logging.getLogger("clawq.loop")
 
@@ -58,6 +61,18 @@ class JobCalls(JobTranscript):
         self.s.task_events.parked(self.job_id)
         log.info("job %s parked: waiting for people", self.job_id)
         return True
+
+    async def notify_chat(self, request_id: str) -> None:
+        """A request of a job that came from a chat is asked there too, with a button per
+        answer (a messaging worker sends it: workers/tools/messaging/requests.py)."""
+        spec = self.spec
+        if spec.channel and spec.chat_id:
+            await asyncio.to_thread(
+                self.s.app.send_task,
+                NOTIFY_TASK,
+                args=[request_id, spec.channel, spec.chat_id],
+                queue=Group.messaging.value,
+            )
 
     def cancel_key(self, turn: int, call_id: str) -> str:
         return keys.cancel_call(self.job_id, turn, call_id)
@@ -231,6 +246,7 @@ class JobCalls(JobTranscript):
             user_id=self.spec.user_id,
         )
         if new:
+            await self.notify_chat(request.id)
             await self.emit(
                 "input_requested",
                 request_id=request.id,

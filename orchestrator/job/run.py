@@ -85,6 +85,7 @@ class JobRun(JobFinish):
             self.emit,
             exec_approvals(s.settings)[1],
             contains(s.settings),
+            self.notify_chat,
         )
 
     async def run(self) -> None:

@@ -65,6 +65,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/mcp/servers/{name}/login"): "admin",
     ("POST", "/v1/mcp/login"): "admin",
     ("GET", "/oauth/mcp/callback"): "public",  # the sealed state is its key
+    ("POST", "/hooks/telegram/{name}"): "public",  # the channel's webhook secret is its key
+    ("POST", "/hooks/slack/{name}"): "public",  # Slack's request signature is its key
     ("GET", "/v1/custom-tools"): "admin",
     ("PUT", "/v1/custom-tools"): "admin",
     ("GET", "/v1/custom-tools/{name}"): "admin",
@@ -331,7 +333,7 @@ def test_a_malformed_id_is_404_on_every_route_that_takes_one(
                 assert response.status_code == 404, (who, method, path, response.text)
                 assert response.json()["error"]["code"] == "not_found"
                 count += 1
-    assert count == 13 + 21  # alice's object routes; the admin's, all that take an id
+    assert count == 15 + 23  # alice: her object routes and the public ones; the admin: all
 
 
 def test_a_malformed_resume_point_is_refused_before_the_stream(
