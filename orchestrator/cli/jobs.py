@@ -72,6 +72,8 @@ def show_event(event: Event, interactive: bool = False) -> None:
         console.print(f"[red]✗ {d['name']} refused[/] [dim]({d['layer']})[/] {escape(d['reason'])}")
     elif event.type == "approval_requested" and interactive:
         console.print(f"[yellow]? {d['name']} needs approval[/]: {escape(d['reason'])}")
+    elif event.type == "job_waiting":
+        console.print("[dim]… waiting for people (parked: it resumes when answered)[/]")
     elif event.type == "job_finished":
         error = escape(d.get("error") or "")
         console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
@@ -92,6 +94,31 @@ def ask_line(event: Event) -> str:
         f"clawq approve {event.job_id} {d['request_id']} allow-once|allow-always|deny"
     )
     return line.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def question_line(event: Event) -> str:
+    """One line for a person elsewhere: the question, its choices, the command that answers."""
+    d = event.data
+    choices = f" [{'|'.join(d['choices'])}]" if d.get("choices") else ""
+    line = f"? {d['question']}{choices}: clawq answer {event.job_id} {d['request_id']} ANSWER"
+    return line.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def on_question(job: Any, event: Event, interactive: bool) -> None:
+    """Ask the person at the terminal (a choice, or text), else print the answer line."""
+    d = event.data
+    if not interactive:
+        click.echo(question_line(event), err=True)
+        return
+    console.print(f"[yellow]? {escape(d['question'])}[/]")
+    choices = d.get("choices") or []
+    kind = click.Choice(choices) if choices and not d.get("multi") else str
+    given = click.prompt("  answer", type=kind, err=True)
+    answer = [c.strip() for c in given.split(",")] if d.get("multi") else given
+    try:
+        job.answer(d["request_id"], answer)
+    except RequestError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
 
 
 def on_ask(job: Any, event: Event, policy: str, interactive: bool) -> str | None:
@@ -238,6 +265,8 @@ def run(
                     show_event(event, interactive)
                 if event.type == "approval_requested" and stopped is None:
                     stopped = on_ask(job, event, policy, interactive)
+                elif event.type == "input_requested" and stopped is None:
+                    on_question(job, event, interactive)
             result = job.wait(timeout=timeout)
     if as_json:
         click.echo(json.dumps(result_json(result)))

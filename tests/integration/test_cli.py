@@ -157,7 +157,14 @@ def test_listing_commands_print_whole_rows_into_a_pipe_and_json_on_request(
     )
     header, row = listed.stdout.splitlines()[:2]
     assert header.split() == [
-        "name", "transport", "target", "enabled", "state", "error", "protocol", "auth"
+        "name",
+        "transport",
+        "target",
+        "enabled",
+        "state",
+        "error",
+        "protocol",
+        "auth",
     ]
     assert row.split()[:2] == [long_name, "stdio"] and TIME in row and "…" not in listed.stdout
     as_json = json.loads(subprocess.check_output([*CLAWQ, "mcp", "list", "--json"], env=up))
@@ -220,7 +227,7 @@ def asking(
 def ask_line(line: str) -> list[str]:
     """The ask as one unwrapped line: the whole command, the timeout, the answer."""
     assert line.startswith(f"? exec({LONG}) needs approval ("), line
-    assert "; denied in 120s if unanswered): clawq approve " in line
+    assert "): clawq approve " in line and "denied in" not in line  # no time limit by default
     assert line.rstrip("\n").endswith(" allow-once|allow-always|deny")
     return line.split("clawq approve ", 1)[1].split()[:2]  # job id, request id
 
@@ -268,6 +275,41 @@ def test_run_on_ask_wait_prints_the_line_that_answers_it(
     result = json.loads(out)
     assert (proc.returncode, result["status"]) == (0, "completed")
     assert result["tool_calls"][0]["output"].startswith(LONG[5:])
+
+
+def test_run_prints_a_question_and_clawq_answer_answers_it(
+    up: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    asked = {"question": "Which colour?", "choices": ["red", "blue"]}
+    script = write_script(
+        tmp_path / "question.json",
+        {"tool_calls": [{"id": "q", "name": "ask_user", "input": asked}]},
+        {"text": "done"},
+    )
+    proc = subprocess.Popen(
+        [*CLAWQ, "run", "--json", "--script", script, "--workspace", str(workspace),
+         "--on-ask", "wait", "go"],
+        env=up, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert line.startswith("? Which colour? [red|blue]: clawq answer "), line
+    job_id, request_id = line.split("clawq answer ", 1)[1].split()[:2]
+    wrong = subprocess.run(
+        [*CLAWQ, "answer", job_id, request_id, "green"], env=up, capture_output=True, text=True
+    )
+    assert wrong.returncode != 0 and "answer with one of: red, blue" in wrong.stderr
+    answered = subprocess.run(
+        [*CLAWQ, "answer", job_id, request_id, "blue"], env=up, capture_output=True, text=True
+    )
+    assert answered.returncode == 0, answered.stderr
+    listed = subprocess.run([*CLAWQ, "requests", "--json"], env=up, capture_output=True, text=True)
+    assert request_id not in listed.stdout
+    out, _ = proc.communicate(timeout=60)
+    result = json.loads(out)
+    assert result["status"] == "completed", result
+    assert result["tool_calls"][0]["output"].endswith("answered: blue")
 
 
 def test_run_on_a_terminal_asks_inline_and_always_is_remembered(
