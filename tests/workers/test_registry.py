@@ -43,6 +43,7 @@ def test_provider_definitions_are_derived_from_input_models() -> None:
             "session_status",
             "sessions_list",
             "sessions_history",
+            "read_result",
             "sessions_spawn",
             "web_fetch",
             "web_search",
