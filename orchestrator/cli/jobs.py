@@ -173,7 +173,8 @@ def stack_settings_note() -> None:
     "--model",
     default="scripted",
     show_default=True,
-    help="scripted, openai[:name] or anthropic[:name]",
+    help="scripted, openai[:name] or anthropic[:name], or a chain tried in order "
+    "(anthropic:m1,openai:m2)",
 )
 @click.option(
     "--script",
