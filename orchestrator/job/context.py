@@ -44,15 +44,15 @@ def window_of(settings: Settings, model: str) -> int:
     return table[max(found, key=len)] if found else settings.model_context_window_default
 
 
-def render(messages: list[Message]) -> str:
-    """Messages as plain text, for the summariser."""
+def render(messages: list[Message], result_chars: int = RENDER_RESULT_CHARS) -> str:
+    """Messages as plain text, for the summariser (each tool result cut)."""
     out = []
     for m in messages:
         if m.role == "compaction":
             out.append(f"Summary of what came before:\n{m.text}")
         elif m.role == "tool":
             for r in m.results:
-                body = r.content[:RENDER_RESULT_CHARS]
+                body = r.content[:result_chars]
                 more = (
                     f" [… {len(r.content) - len(body)} more characters]"
                     if body != r.content
@@ -196,7 +196,8 @@ class JobContext(JobFinish):
             window = min(window_of(self.s.settings, link.name) for link in parse_chain(model))
         else:
             window = self.window()
-        summary = await self.summarise(summariser, render(older), window)
+        cap = min(RENDER_RESULT_CHARS, self.s.settings.tool_result_context_chars)
+        summary = await self.summarise(summariser, render(older, cap), window)
         entry = Message(role="compaction", text=summary, covers=cut, job_id=self.job_id)
         await self.append(entry)
         self.defer("context_compacted", covers=cut, messages=cut - start, chars=len(summary))
@@ -209,14 +210,15 @@ class JobContext(JobFinish):
         return True
 
     async def summarise(self, summariser: ModelProvider, text: str, window: int) -> str:
-        """A summary of `text`, folded chunk by chunk when it is longer than half the
-        summariser's window."""
+        """A summary of `text` (at most a fifth of the window), folded chunk by chunk when
+        it is longer than the summariser's window allows."""
         s = self.s.settings
-        ratio = self.ratio or s.context_chars_per_token
-        size = max(1000, int(window * 0.5 * ratio) - s.context_summary_max_chars)
-        summary = ""
-        for at in range(0, len(text), size):
-            chunk = text[at : at + size]
+        room = int(window * (self.ratio or s.context_chars_per_token))  # in characters
+        longest = min(s.context_summary_max_chars, room // 5)
+        summary, at = "", 0
+        while at < len(text):
+            size = max(1000, int(room * 0.6) - len(summary) - len(SUMMARY_SYSTEM))
+            chunk, at = text[at : at + size], at + size
             given = f"Summary so far:\n{summary}\n\nWhat followed:\n{chunk}" if summary else chunk
             request = ModelRequest(
                 system=SUMMARY_SYSTEM,
@@ -227,5 +229,5 @@ class JobContext(JobFinish):
             reply = await summariser.complete(request)
             if reply.usage is not None:
                 await self.charge(usage=reply.usage, model=reply.model)
-            summary = reply.text.strip()[: s.context_summary_max_chars]
+            summary = reply.text.strip()[:longest]
         return summary

@@ -24,7 +24,7 @@ class ReadResultInput(ToolInput):
     turn: int = Field(ge=0, description="as the cut result says")
     job_id: str = Field("", description="as the cut result says; '': this job")
     start_index: int = Field(0, ge=0, description="where to start: page on with the next index")
-    max_chars: int = Field(0, ge=0, description="0: tool_result_context_chars")
+    max_chars: int = Field(0, ge=0, description="0: what fits in the context uncut")
 
 
 class ReadResult(Tool[ReadResultInput]):
@@ -46,7 +46,8 @@ class ReadResult(Tool[ReadResultInput]):
         text = self._stored(args.job_id or ctx.job_id, args, ctx)
         if text is None:
             raise ToolError(f"no result of call {args.call_id} in turn {args.turn} of this session")
-        limit = args.max_chars or ctx.settings.tool_result_context_chars
+        # a page and its note fit under the cut, so a page is never cut again
+        limit = args.max_chars or max(100, ctx.settings.tool_result_context_chars - 100)
         page = text[args.start_index : args.start_index + limit]
         end = args.start_index + len(page)
         if end < len(text):
