@@ -27,10 +27,25 @@ POINTER = re.compile(r'read_result\(call_id="([^"]+)", turn=(\d+), start_index=(
 BIG = "".join(f"line {i:04d} of the big file\n" for i in range(100)) + "THE END\n"
 
 
+def orphans(messages: list[dict[str, Any]]) -> str:
+    """The id of a tool result whose call is not in the assistant message before it."""
+    called: set[str] = set()
+    for m in messages:
+        if m["role"] == "assistant":
+            called = {c["id"] for c in m.get("tool_calls") or []}
+        elif m["role"] == "tool" and m["tool_call_id"] not in called:
+            return str(m["tool_call_id"])
+        elif m["role"] != "tool":
+            called = set()
+    return ""
+
+
 class ContextLimited:
     """The server's side: counts tokens as 4 characters each, refuses over LIMIT."""
 
-    def __init__(self) -> None:
+    def __init__(self, last: int = TURNS, counts: bool = True) -> None:
+        self.last = last  # the turn that ends the job
+        self.counts = counts  # the usage says how many tokens the request held
         self.turns = 0
         self.summaries = 0
         self.refused = 0
@@ -40,8 +55,13 @@ class ContextLimited:
 
     def __call__(self, asked: Asked) -> Answer:
         body = asked.body
+        if orphan := orphans(body["messages"]):  # as OpenAI refuses them
+            with self.lock:
+                self.refused += 1
+            return error(400, f"messages with role 'tool' must answer tool_calls: {orphan}")
         size = len(json.dumps(body["messages"])) + len(json.dumps(body.get("tools", [])))
         tokens = size // 4
+        said = tokens if self.counts else 0
         with self.lock:
             self.largest = max(self.largest, tokens)
             if tokens > LIMIT:
@@ -54,20 +74,20 @@ class ContextLimited:
             if body["messages"][0]["content"] == SUMMARY_SYSTEM:
                 self.summaries += 1
                 return text(
-                    asked, f"Summary {self.summaries}: read big.txt many times.", (tokens, 20)
+                    asked, f"Summary {self.summaries}: read big.txt many times.", (said, 20)
                 )
             self.turns += 1
             turn = self.turns
-        if turn == TURNS:
-            return text(asked, "read it 199 times", (tokens, 5))
-        if turn == FOLLOW_AT + 1:
+        if turn == self.last:
+            return text(asked, f"read it {turn - 1} times", (said, 5))
+        if turn == FOLLOW_AT + 1 and self.counts:
             last = body["messages"][-1]["content"]
             call_id, at_turn, start = POINTER.search(last).groups()  # type: ignore[union-attr]
             self.followed = {"call_id": call_id, "turn": int(at_turn), "start_index": int(start)}
-            return openai_call(f"c{turn}", "read_result", self.followed, (tokens, 20))
+            return openai_call(f"c{turn}", "read_result", self.followed, (said, 20))
         # the whole file each time (a limit above its length), never the same call twice
         return openai_call(
-            f"c{turn}", "read_file", {"path": "big.txt", "limit": 500 + turn}, (tokens, 20)
+            f"c{turn}", "read_file", {"path": "big.txt", "limit": 500 + turn}, (said, 20)
         )
 
 
@@ -130,3 +150,29 @@ def test_a_200_turn_job_completes_within_the_window_and_keeps_every_turn(
     assert followed["content"].endswith("call again with start_index=1900]")  # a page on
     events = [e.type for e in job.events()]
     assert events.count("context_compacted") == compacted
+
+
+def test_a_request_refused_as_too_long_is_compacted_and_sent_again(
+    workspace: Path,
+) -> None:
+    """A provider that never says what a request counted, and an estimate ten times too
+    low: the job learns from the refusal (the request held more tokens than the window),
+    compacts, and asks again."""
+    model = ContextLimited(last=40, counts=False)
+    with WireServer(model) as server:
+        for cluster in start_cluster(
+            groups=("fs",),
+            openai_base_url=f"{server.url}/v1",
+            openai_api_key="sk-test",
+            model_context_windows={"gpt-ctx": LIMIT},
+            context_chars_per_token=40.0,
+            tool_result_context_chars=1000,
+            tool_policy={"allow": ["read_file"]},
+        ):
+            (workspace / "big.txt").write_text(BIG)
+            job = cluster.client.submit(
+                "read", model="openai:gpt-ctx", workspace=str(workspace), max_iterations=50
+            )
+            result = job.wait(timeout=300)
+    assert (result.status, result.final_text) == ("completed", "read it 39 times"), result.error
+    assert model.refused >= 1 and model.summaries >= 1
