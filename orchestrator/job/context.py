@@ -20,7 +20,13 @@ import logging
 from broker.config.settings import Settings
 from orchestrator.conversation import Message, ToolResultBlock
 from orchestrator.job.finish import JobFinish
-from orchestrator.providers import ModelProvider, ModelRequest, parse_chain, provider_for
+from orchestrator.providers import (
+    ContextOverflow,
+    ModelProvider,
+    ModelRequest,
+    parse_chain,
+    provider_for,
+)
 
 log = logging.getLogger("clawq.loop")
 
@@ -211,14 +217,15 @@ class JobContext(JobFinish):
 
     async def summarise(self, summariser: ModelProvider, text: str, window: int) -> str:
         """A summary of `text` (at most a fifth of the window), folded chunk by chunk when
-        it is longer than the summariser's window allows."""
+        it is longer than the summariser's window allows. A chunk refused as too long
+        teaches the ratio and is sent again smaller."""
         s = self.s.settings
-        room = int(window * (self.ratio or s.context_chars_per_token))  # in characters
-        longest = min(s.context_summary_max_chars, room // 5)
         summary, at = "", 0
         while at < len(text):
+            room = int(window * (self.ratio or s.context_chars_per_token))  # in characters
+            longest = min(s.context_summary_max_chars, room // 5)
             size = max(1000, int(room * 0.6) - len(summary) - len(SUMMARY_SYSTEM))
-            chunk, at = text[at : at + size], at + size
+            chunk = text[at : at + size]
             given = f"Summary so far:\n{summary}\n\nWhat followed:\n{chunk}" if summary else chunk
             request = ModelRequest(
                 system=SUMMARY_SYSTEM,
@@ -226,8 +233,21 @@ class JobContext(JobFinish):
                 turn=self.turns,
                 purpose="summary",
             )
-            reply = await summariser.complete(request)
+            try:
+                reply = await summariser.complete(request)
+            except ContextOverflow:
+                if size <= 1000:
+                    raise
+                self.learn(len(SUMMARY_SYSTEM) + len(given), window)
+                continue
+            at += size
             if reply.usage is not None:
                 await self.charge(usage=reply.usage, model=reply.model)
             summary = reply.text.strip()[:longest]
         return summary
+
+    def learn(self, chars: int, window: int) -> None:
+        """A request of `chars` characters held more than `window` tokens: fewer
+        characters make a token than the estimate said."""
+        ratio = self.ratio or self.s.settings.context_chars_per_token
+        self.ratio = max(RATIO_BOUNDS[0], min(ratio, chars / window) * 0.9)

@@ -214,7 +214,7 @@ class JobRun(JobContext):
             except ContextOverflow:
                 if again:
                     raise
-                self.ratio = (self.ratio or self.s.settings.context_chars_per_token) * 0.75
+                self.learn(self.request_chars(view), self.window())  # more tokens than said
         raise AssertionError("unreachable")
 
     def answered_by(self, turn: int, reply: Message) -> None:

@@ -67,9 +67,7 @@ class ScriptedProvider:
         if on_tool_call:
             for call in calls:
                 await on_tool_call(call)
-        return Message(
-            role="assistant", text=turn.text, tool_calls=calls, usage=turn.usage
-        )
+        return Message(role="assistant", text=turn.text, tool_calls=calls, usage=turn.usage)
 
 
 def scripted_summary(request: ModelRequest) -> str:

@@ -155,7 +155,7 @@ def test_a_200_turn_job_completes_within_the_window_and_keeps_every_turn(
 def test_a_request_refused_as_too_long_is_compacted_and_sent_again(
     workspace: Path,
 ) -> None:
-    """A provider that never says what a request counted, and an estimate ten times too
+    """A provider that never says what a request counted, and an estimate a hundred times too
     low: the job learns from the refusal (the request held more tokens than the window),
     compacts, and asks again."""
     model = ContextLimited(last=40, counts=False)
@@ -165,7 +165,7 @@ def test_a_request_refused_as_too_long_is_compacted_and_sent_again(
             openai_base_url=f"{server.url}/v1",
             openai_api_key="sk-test",
             model_context_windows={"gpt-ctx": LIMIT},
-            context_chars_per_token=40.0,
+            context_chars_per_token=400.0,
             tool_result_context_chars=1000,
             tool_policy={"allow": ["read_file"]},
         ):
