@@ -77,9 +77,9 @@ class AgentLoop(BaseModel):
     max_jobs_per_orchestrator: int = Field(2000, ge=1)
     loop_repeat_warn: int = Field(
         3,
-        ge=1,
-        description="the same call this many times in a row: the model is warned; "
-        "twice as many: the job stops, looping",
+        ge=0,
+        description="the same call in this many turns in a row: the model is warned; "
+        "twice as many: the job stops, looping (0: off)",
     )
 
 

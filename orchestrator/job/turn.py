@@ -48,7 +48,7 @@ class TurnCalls:
         index = len(self.calls)
         self.calls.append(call)
         run = self.run
-        verdict = run.loops.see(call)
+        verdict = run.loops.see(call, self.turn)
         if verdict == "stop":  # not run: the job ends once the turn is recorded
             run.looping = run.loops.stopped(call)
             self.outcomes[index] = run.error_outcome(self.turn, call, "not run: " + run.looping)

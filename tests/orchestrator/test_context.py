@@ -99,6 +99,15 @@ def test_warned_at_n_stopped_at_2n_and_a_different_call_resets() -> None:
     guard = LoopGuard(warn_at=2)
     same = ToolCall(id="1", name="exec", input={"command": "ls"})
     other = ToolCall(id="2", name="exec", input={"command": "pwd"})
-    assert [guard.see(same) for _ in range(2)] == ["ok", "warn"]
-    assert guard.see(other) == "ok"
-    assert [guard.see(same) for _ in range(4)] == ["ok", "warn", "warn", "stop"]
+    assert [guard.see(same, t) for t in range(2)] == ["ok", "warn"]
+    assert guard.see(other, 2) == "ok"
+    assert [guard.see(same, t) for t in range(3, 7)] == ["ok", "warn", "warn", "stop"]
+
+
+def test_a_batch_of_one_call_in_one_turn_is_not_a_loop_and_0_is_off() -> None:
+    guard = LoopGuard(warn_at=2)
+    same = ToolCall(id="1", name="list_files")
+    assert {guard.see(same, 0) for _ in range(10)} == {"ok"}
+    assert guard.see(same, 1) == "warn"
+    off = LoopGuard(warn_at=0)
+    assert {off.see(same, t) for t in range(10)} == {"ok"}
