@@ -87,6 +87,15 @@ def _chars(m: Message) -> int:
 class JobContext(JobFinish):
     ratio: float = 0.0  # characters per token, as the provider last counted them
     fixed_chars: int = -1  # the system prompt and the tool definitions
+    # what `index` knows of the stored messages, kept as they are added
+    _sized: list[Message] | None = None  # the list it measured
+    _sizes: list[int]  # each message's characters
+    _longest: list[int]  # its longest tool result
+    _turn_of: list[int]  # its job's model turn (a tool message: its calls' turn)
+    _job_turns: dict[str, int]
+    _latest: int = -1  # the latest compaction entry
+    _view: list[Message] | None = None  # the last view, and its characters
+    _view_chars: int = 0
 
     def window(self) -> int:
         links = parse_chain(self.spec.model, self.s.settings)
@@ -99,7 +108,27 @@ class JobContext(JobFinish):
     def request_chars(self, view: list[Message]) -> int:
         if self.fixed_chars < 0:
             self.fixed_chars = len(self.system) + len(json.dumps(self.openai_tools))
+        if view is self._view:
+            return self.fixed_chars + self._view_chars
         return self.fixed_chars + sum(_chars(m) for m in view)
+
+    def index(self) -> list[int]:
+        """Each stored message's characters, measured once (stored messages do not
+        change), with its longest result, its turn and the latest compaction: kept as
+        messages are added, so a turn reads only what is new."""
+        if self._sized is not self.messages:  # a new run read them again
+            self._sized, self._sizes, self._longest = self.messages, [], []
+            self._turn_of, self._job_turns, self._latest = [], {}, -1
+        for i in range(len(self._sizes), len(self.messages)):
+            m = self.messages[i]
+            self._sizes.append(_chars(m))
+            self._longest.append(max((len(r.content) for r in m.results), default=0))
+            if m.role == "assistant":
+                self._job_turns[m.job_id] = self._job_turns.get(m.job_id, 0) + 1
+            self._turn_of.append(self._job_turns.get(m.job_id, 1) - 1)
+            if m.role == "compaction":
+                self._latest = i
+        return self._sizes
 
     def counted(self, view: list[Message], input_tokens: int) -> None:
         """The provider counted this request's input: estimate at its ratio from now on."""
@@ -109,32 +138,34 @@ class JobContext(JobFinish):
 
     def compacted_at(self) -> int:
         """Where the messages sent start: after what the latest compaction covers."""
-        for m in reversed(self.messages):
-            if m.role == "compaction":
-                return m.covers
-        return 0
+        self.index()
+        return self.messages[self._latest].covers if self._latest >= 0 else 0
 
     def view(self) -> list[Message]:
         """The messages a request carries: the latest summary in place of what it covers,
         then every message since; long tool results cut, with a pointer to the rest."""
         start = self.compacted_at()
         limit = self.s.settings.tool_result_context_chars
-        turns: dict[str, int] = {}  # per job: its model turns so far (a result's turn)
+        sizes, messages = self.index(), self.messages
         out: list[Message] = []
-        summary = next((m for m in reversed(self.messages) if m.role == "compaction"), None)
-        if summary is not None:
-            out.append(Message(role="user", text=SUMMARY_HEAD + summary.text))
-        for i, m in enumerate(self.messages):
-            if m.role == "assistant":
-                turns[m.job_id] = turns.get(m.job_id, 0) + 1
-            if i < start or m.role == "compaction":
+        chars = 0
+        if self._latest >= 0:
+            out.append(Message(role="user", text=SUMMARY_HEAD + messages[self._latest].text))
+            chars += _chars(out[0])
+        for i in range(start, len(messages)):
+            m = messages[i]
+            if m.role == "compaction":
                 continue
-            if m.role == "tool" and any(len(r.content) > limit for r in m.results):
-                turn = turns.get(m.job_id, 1) - 1
+            if self._longest[i] > limit:
+                turn = self._turn_of[i]
                 m = m.model_copy(
                     update={"results": [self.cut(r, limit, m.job_id, turn) for r in m.results]}
                 )
+                chars += _chars(m)
+            else:
+                chars += sizes[i]
             out.append(m)
+        self._view, self._view_chars = out, chars  # what request_chars(out) is
         return out
 
     def cut(self, result: ToolResultBlock, limit: int, job_id: str, turn: int) -> ToolResultBlock:
@@ -163,9 +194,10 @@ class JobContext(JobFinish):
         calls would be cut off)."""
         keep = self.window() * self.s.settings.context_keep_recent
         start, used, cut = self.compacted_at(), 0, len(self.messages)
+        sizes = self.index()
         for i in range(len(self.messages) - 1, start - 1, -1):
             m = self.messages[i]
-            used += self.tokens(_chars(m))
+            used += self.tokens(sizes[i])
             if used > keep:
                 break
             if m.role in ("user", "assistant"):
