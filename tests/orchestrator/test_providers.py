@@ -547,8 +547,8 @@ def test_a_stream_that_breaks_after_a_tool_call_is_not_asked_again(
     )
     model_server.reply_sse(broken)
     model_server.reply_fixture("anthropic_tool_use.sse")
-    with pytest.raises(ModelError, match=r"overloaded_error"):
-        complete("anthropic", provider_settings, request())
+    with pytest.raises(ModelError, match=r"overloaded_error"):  # a chain: openai not asked
+        complete("anthropic,openai", provider_settings, request())
     assert len(model_server.requests) == 1  # a call was handed over: never asked again
 
 
