@@ -114,6 +114,7 @@ class Bench:
             "CLAWQ_REDIS_URL": self.redis_url,
             "CLAWQ_DATABASE_URL": self.database_url,
             "BENCH_REDIS_URL": self.redis_url,
+            "CLAWQ_LOOP_REPEAT_WARN": "0",  # the benches repeat one call on purpose
         }
 
     def close(self) -> None:

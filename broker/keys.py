@@ -154,3 +154,8 @@ CALLS_WAITING = f"{PREFIX}:calls:waiting"  # job:turn:call → {queue, tool, job
 def mcp_oauth(server: str, subject: str = "") -> str:
     """The lock held while one mcp worker refreshes a server's OAuth tokens."""
     return f"{PREFIX}:mcp-oauth:{server}:{subject}"
+
+
+def cooldown(provider: str, label: str) -> str:
+    """A model credential resting after a 429, cluster-wide; expires when it may be used."""
+    return f"{PREFIX}:cooldown:{provider}:{label}"

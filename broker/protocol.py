@@ -131,9 +131,10 @@ JobStatus = Literal[
     "cancelled",
     "max_iterations",
     "budget_exceeded",
+    "looping",  # the model repeated one call (tool and input) too many times in a row
 ]
 FINAL_STATUSES: frozenset[str] = frozenset(
-    {"completed", "failed", "cancelled", "max_iterations", "budget_exceeded"}
+    {"completed", "failed", "cancelled", "max_iterations", "budget_exceeded", "looping"}
 )
 
 
@@ -219,6 +220,10 @@ EventType = Literal[
     "job_started",
     "turn_started",
     "model_text",
+    "model_answered",  # which model and credential (its label) answered, when it changes
+    "model_failover",  # a model and credential failed; the next is tried
+    "context_compacted",  # older turns summarised for the requests that follow
+    "loop_warning",  # the same call again and again: the model was warned
     "tool_call_queued",
     "tool_call_finished",
     "tool_call_denied",

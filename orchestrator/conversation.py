@@ -33,15 +33,24 @@ class TokenUsage(BaseModel):
 
 
 class Message(BaseModel):
-    role: Literal["user", "assistant", "tool"]
+    """One entry of the transcript. A `compaction` entry holds a summary of the messages
+    before position `covers`: requests use it in their place (they stay stored)."""
+
+    role: Literal["user", "assistant", "tool", "compaction"]
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     results: list[ToolResultBlock] = Field(default_factory=list)
+    covers: int = 0  # compaction: the messages before this position are summarised
     job_id: str = ""
     usage: TokenUsage | None = None
+    # who answered (failover): `provider:model` and the credential's label; not stored
+    model: str = ""
+    credential: str = ""
 
     def content(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"role", "job_id", "usage"}, exclude_defaults=True)
+        return self.model_dump(
+            exclude={"role", "job_id", "usage", "model", "credential"}, exclude_defaults=True
+        )
 
     @classmethod
     def from_row(cls, role: str, content: dict[str, Any], job_id: str = "") -> Message:

@@ -108,6 +108,7 @@ def secrets_of(settings: Settings) -> list[str]:
         for c in settings.message_channels.values()
         for name in (c.token_env, c.secret_env, c.password_env)
     ] + [e.api_key_env for e in settings.image_endpoints.values()]
+    named += [c.api_key_env for c in settings.model_credentials]  # failover's keys
     found += [os.environ.get(name, "") for name in named if name]
     for url in (settings.redis_url, settings.database_url):
         found.append(urlsplit(url).password or "")

@@ -83,18 +83,12 @@ class AgentLoop(BaseModel):
         "with the model's next message (the ledger holds them meanwhile)",
     )
     max_jobs_per_orchestrator: int = Field(2000, ge=1)
-
-
-class Providers(BaseModel):
-    # model providers
-    openai_base_url: str = "https://api.openai.com/v1"
-    openai_api_key: str = ""
-    openai_model: str = "gpt-4o-mini"
-    anthropic_base_url: str = "https://api.anthropic.com"
-    anthropic_api_key: str = ""
-    anthropic_model: str = "claude-sonnet-4-5"
-    anthropic_max_tokens: int = 4096
-    model_timeout_s: float = 120.0
+    loop_repeat_warn: int = Field(
+        3,
+        ge=0,
+        description="the same call in this many turns in a row: the model is warned; "
+        "twice as many: the job stops, looping (0: off)",
+    )
 
 
 class ToolCalls(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from broker.config.providers import ModelContext, Providers
 from broker.config.sections import (
     AgentLoop,
     Api,
@@ -28,7 +29,6 @@ from broker.config.sections import (
     Operations,
     Permissions,
     Processes,
-    Providers,
     Sandbox,
     Secrets,
     Subagents,
@@ -44,6 +44,7 @@ class Settings(
     Connections,
     AgentLoop,
     Providers,
+    ModelContext,
     ToolCalls,
     Permissions,
     Subagents,

@@ -30,6 +30,7 @@ GROUP_MEMBERS: dict[str, tuple[str, ...]] = {
         "spawn",
         "subagents",
         "session_status",
+        "read_result",
     ),
     "ui": ("browser", "canvas"),
     "automation": ("cron", "gateway"),

@@ -68,6 +68,15 @@ def show_event(event: Event, interactive: bool = False) -> None:
         console.print(f"[dim]… {d['name']} {d['progress']:g}{of}[/] {said}")
     elif event.type == "model_text":
         console.print(f"[bold]model:[/] {escape(d['text'])}")
+    elif event.type == "model_failover":
+        error = escape(d.get("error") or "")
+        console.print(f"[yellow]↷ {d['model']} ({d['credential']}) failed, next:[/] {error}")
+    elif event.type == "model_answered":
+        console.print(f"[dim]model {d['model']} ({d['credential']}) answered[/]")
+    elif event.type == "context_compacted":
+        console.print(f"[dim]context: {d['messages']} older messages compacted[/]")
+    elif event.type == "loop_warning":
+        console.print(f"[yellow]! {d['name']} repeated {d['repeats']} times: model warned[/]")
     elif event.type == "tool_call_denied":
         console.print(f"[red]✗ {d['name']} refused[/] [dim]({d['layer']})[/] {escape(d['reason'])}")
     elif event.type == "approval_requested" and interactive:
@@ -191,7 +200,8 @@ def stack_settings_note() -> None:
     "--model",
     default="scripted",
     show_default=True,
-    help="scripted, openai[:name] or anthropic[:name]",
+    help="scripted, openai[:name] or anthropic[:name], or a chain tried in order "
+    "(anthropic:m1,openai:m2)",
 )
 @click.option(
     "--script",

@@ -50,6 +50,7 @@ from orchestrator.calls.rules import RuleError, rules_from
 from orchestrator.calls.tenancy import check, workspace_for
 from orchestrator.client.base import Client, ClientError, Job, NotNow
 from orchestrator.providers.base import ModelError
+from orchestrator.providers.credentials import parse_chain
 from orchestrator.providers.scripted import parse_script
 
 
@@ -246,10 +247,10 @@ class LocalClient(Client, kind="local"):
             raise ClientError("prompt is empty")
         if not os.path.isabs(workspace) and (admin or not user):
             raise ClientError(f"workspace must be an absolute path, got '{workspace}'")
-        if model.partition(":")[0] not in ("scripted", "openai", "anthropic"):
-            raise ClientError(
-                f"unknown model '{model}': use scripted, openai[:name] or anthropic[:name]"
-            )
+        try:
+            parse_chain(model)
+        except ModelError as exc:
+            raise ClientError(str(exc)) from None
         if model == "scripted":
             try:
                 parse_script(script)

@@ -109,6 +109,19 @@ class JobCalls(JobTranscript):
             decision_reason=decision.reason,
         )
 
+    def error_outcome(self, turn: int, call: ToolCall, text: str) -> CallOutcome:
+        """An error result the orchestrator gives without running the call."""
+        return CallOutcome(
+            call_id=call.id,
+            job_id=self.job_id,
+            turn=turn,
+            for_llm=text,
+            for_user=text,
+            is_error=True,
+            worker="orchestrator",
+            attempts=0,
+        )
+
     async def unreachable(self, tool: Any, queue: str) -> str:
         """Why a call routed to one node's queue (`<group>.<node>`) cannot be answered: no
         live worker of the group heartbeats on that node. Said at once, never waited on."""
@@ -224,7 +237,7 @@ class JobCalls(JobTranscript):
                 await self.s.redis.delete(keys.pin(self.session_id, ready.tool.name))
             return await self.after(ready, outcome)
 
-    async def ask(
+    async def ask_person(
         self, turn: int, ready: Ready, question: Question, person: WaitForPerson
     ) -> CallOutcome:
         """A call a person answers (ask_user): the question is opened once (a resumed turn

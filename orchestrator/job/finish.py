@@ -34,17 +34,19 @@ class JobFinish(JobCalls):
         )
         return limits if (limits.turns or limits.tokens or limits.cost_usd) else None
 
-    async def charge(self, turns: int = 0, usage: TokenUsage | None = None) -> str:
+    async def charge(self, turns: int = 0, usage: TokenUsage | None = None, model: str = "") -> str:
         """Charge model turns and tokens to the tree (one Lua call); why the tree is over
         its budget, or ''. A turn is charged before its request, so a turn limit is never
         passed; tokens are known after, so the turn whose reply went over still runs its
-        calls (the transcript stays whole) and the next turn does not start."""
+        calls (the transcript stays whole) and the next turn does not start. Tokens are
+        priced as the model that answered (`model`, `provider:name`: failover) charges."""
         limits = self.limits or Limits()
         tokens = usage.total if usage else 0
+        model = model or self.spec.model
         cost = (
             price(
                 self.s.settings.model_prices,
-                self.spec.model.partition(":")[2] or self.spec.model,
+                model.partition(":")[2] or model,
                 usage.input,
                 usage.output,
             )

@@ -23,18 +23,27 @@ from orchestrator.calls.permissions import exec_approvals, hidden_paths, job_rul
 from orchestrator.calls.policy import PolicyEngine, PolicyError
 from orchestrator.calls.rules import RuleError
 from orchestrator.conversation import Message
-from orchestrator.job.finish import JobFinish
+from orchestrator.job.context import JobContext
+from orchestrator.job.loops import LoopGuard
 from orchestrator.job.prompt import system_prompt
 from orchestrator.job.state import JobCancelled
 from orchestrator.job.turn import JobParked, TurnCalls
-from orchestrator.providers import ModelError, ModelRequest, provider_for
+from orchestrator.providers import (
+    ContextOverflow,
+    ModelError,
+    ModelProvider,
+    ModelRequest,
+    provider_for,
+)
 from workers.confine.host import contains
 from workers.tools.mcp.tool import tool_class
 
 log = logging.getLogger("clawq.loop")
 
 
-class JobRun(JobFinish):
+class JobRun(JobContext):
+    answered: tuple[str, str] = ("", "")  # the model and credential of the last reply
+
     async def load_tools(self) -> None:
         """The agent's custom tools and the MCP tools granted to its agent or user join
         this job's registry."""
@@ -59,7 +68,7 @@ class JobRun(JobFinish):
         tenancy.check(spec, s.settings)  # every way a job is made passes here
         visible = self.policy.visible(
             spec.agent_id,
-            spec.model.partition(":")[0],
+            spec.model.partition(":")[0].partition(",")[0],  # the chain's first provider
             depth=spec.depth,
             max_depth=s.settings.max_spawn_depth,
         )
@@ -98,6 +107,10 @@ class JobRun(JobFinish):
             Message.from_row(r["role"], r["content"], r.get("job_id", "")) for r in rows
         ]
         self._turns = sum(self._counts(m) for m in self.messages)
+        last = self.messages[-1] if self.messages else None
+        inflight = int(last is not None and last.role == "assistant" and bool(last.tool_calls))
+        self.loops = LoopGuard(self.s.settings.loop_repeat_warn)  # its calls seen so far
+        self.loops.replay(self.messages[: len(self.messages) - inflight], self.job_id)
         resumed = any(m.job_id == self.job_id for m in self.messages)
         self.defer("job_started", resumed=resumed)
         async with self.s.redis.pipeline(transaction=False) as pipe:
@@ -140,17 +153,22 @@ class JobRun(JobFinish):
         return timeout, spec.on_timeout or s.approval_on_timeout
 
     async def loop(self) -> tuple[str, str, str]:
-        provider = provider_for(self.spec.model, self.spec.script, self.s.settings, self.s.http)
+        s, spec = self.s, self.spec
+        provider = provider_for(
+            spec.model, spec.script, s.settings, s.http, s.redis, spec.agent_id, self.defer
+        )
         last = self.messages[-1]
         if last.role == "assistant" and last.tool_calls:  # resumed mid-turn
             self.resumed_turn = self.turns - 1  # its calls may have been sent: resends
             await self.run_calls(self.turns - 1, last.tool_calls)
+            if self.looping:
+                return "looping", "", self.looping
         elif last.role == "assistant":
             return "completed", last.text, ""
-        m, kind = metrics(), self.spec.model.partition(":")[0]
+        m = metrics()
         limits, over = self.limits, ""
         while True:
-            if self.turns >= self.spec.max_iterations:
+            if self.turns >= spec.max_iterations:
                 return "max_iterations", "", f"stopped after {self.turns} model turns"
             if limits and not over:  # the turn is charged before the model is asked
                 over = await self.charge(turns=1)
@@ -161,24 +179,22 @@ class JobRun(JobFinish):
             started = time.monotonic()
             with tracing.span("turn", {"clawq.turn": turn + 1}):
                 await self.begin_turn(turn)
-                request = ModelRequest(
-                    system=self.system,
-                    messages=self.messages,
-                    openai_tools=self.openai_tools,
-                    anthropic_tools=self.anthropic_tools,
-                    turn=turn,
-                )
                 # reads start as the stream delivers them, effects once the turn is stored
                 self.current = current = TurnCalls(self, turn)
                 try:
                     asked = time.monotonic()
-                    reply = await provider.complete(request, on_tool_call=current.add)
+                    reply, view = await self.ask(provider, turn, current)
+                    kind = reply.model.partition(":")[0] or spec.model.partition(":")[0]
                     m.model_seconds.labels(kind).observe(time.monotonic() - asked)
                     if reply.usage is not None:  # tokens, known once it answered
                         m.model_tokens.labels(kind, "input").inc(reply.usage.input)
                         m.model_tokens.labels(kind, "output").inc(reply.usage.output)
-                        over = await self.charge(turns=0 if limits else 1, usage=reply.usage)
+                        self.counted(view, reply.usage.input)
+                        over = await self.charge(
+                            turns=0 if limits else 1, usage=reply.usage, model=reply.model
+                        )
                     reply.job_id = self.job_id
+                    self.answered_by(turn, reply)
                     if reply.text:
                         self.defer("model_text", turn=turn + 1, text=reply.text)
                     await self.append(reply, turn=turn)
@@ -190,5 +206,38 @@ class JobRun(JobFinish):
                 self.current = None
             m.turns.inc()
             m.turn_seconds.observe(time.monotonic() - started)
+            if self.looping:
+                return "looping", "", self.looping
             if not reply.tool_calls and await self.close():
                 return "completed", reply.text, ""
+
+    async def ask(
+        self, provider: ModelProvider, turn: int, current: TurnCalls
+    ) -> tuple[Message, list[Message]]:
+        """The model's reply to the transcript fitted to its window (compacted first if
+        needed, and once more if the provider still finds it too long)."""
+        for again in (False, True):
+            view = await self.fitted(provider, force=again)
+            request = ModelRequest(
+                system=self.system,
+                messages=view,
+                openai_tools=self.openai_tools,
+                anthropic_tools=self.anthropic_tools,
+                turn=turn,
+            )
+            try:
+                return await provider.complete(request, on_tool_call=current.add), view
+            except ContextOverflow:
+                if again:
+                    raise
+                self.learn(self.request_chars(view), self.window())  # more tokens than said
+        raise AssertionError("unreachable")
+
+    def answered_by(self, turn: int, reply: Message) -> None:
+        """Say which model and credential answered, on the first turn and on a change."""
+        who = (reply.model, reply.credential)
+        if reply.credential and who != self.answered:
+            self.answered = who
+            self.defer(
+                "model_answered", turn=turn + 1, model=reply.model, credential=reply.credential
+            )

@@ -31,6 +31,7 @@ from orchestrator.calls.gate import Gate
 from orchestrator.calls.hooks import Hooks
 from orchestrator.calls.policy import PolicyEngine
 from orchestrator.conversation import Message
+from orchestrator.job.loops import LoopGuard
 from orchestrator.job.tools import CustomCatalog
 from orchestrator.job.turn import TurnCalls
 from orchestrator.services.task_events import AgentTaskEvents
@@ -118,6 +119,8 @@ class JobState:
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
         self.registry, self.policy = services.registry, services.policy  # + its MCP tools
         self.system = spec.system  # + its agent's context files (load_tools)
+        self.loops = LoopGuard(services.settings.loop_repeat_warn)
+        self.looping = ""  # why the job stops, looping (a call repeated 2N times)
 
     def release(self) -> None:
         """Drop what the job holds, once it has left this process (parked): the cycles

@@ -65,15 +65,25 @@ class JobTranscript(JobState):
         self._turns += self._counts(message)
 
     async def record(
-        self, turn: int, calls: list[ToolCall], outcomes: dict[int, CallOutcome]
+        self,
+        turn: int,
+        calls: list[ToolCall],
+        outcomes: dict[int, CallOutcome],
+        notes: dict[int, str] | None = None,
     ) -> None:
         ordered = [outcomes[i] for i in range(len(calls))]
+        notes = notes or {}
         message = Message(
             role="tool",
             job_id=self.job_id,
             results=[
-                ToolResultBlock(call_id=c.id, name=c.name, content=o.for_llm, is_error=o.is_error)
-                for c, o in zip(calls, ordered, strict=True)
+                ToolResultBlock(
+                    call_id=c.id,
+                    name=c.name,
+                    content=o.for_llm + notes.get(i, ""),
+                    is_error=o.is_error,
+                )
+                for i, (c, o) in enumerate(zip(calls, ordered, strict=True))
             ],
         )
         await self.settle()

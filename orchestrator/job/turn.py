@@ -48,6 +48,7 @@ class TurnCalls:
         self.turn = turn
         self.calls: list[ToolCall] = []
         self.outcomes: dict[int, CallOutcome] = {}
+        self.notes: dict[int, str] = {}  # what is added to a call's result (a loop warning)
         self.seen: set[str] = set()
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.groups: dict[int, int] = {}  # call index → its parallel group
@@ -67,6 +68,16 @@ class TurnCalls:
         """Check one call (the gate) and schedule it; returns without waiting for it."""
         index = len(self.calls)
         self.calls.append(call)
+        run = self.run
+        verdict = run.loops.see(call, self.turn)
+        if verdict == "stop":  # not run: the job ends once the turn is recorded
+            run.looping = run.loops.stopped(call)
+            self.outcomes[index] = run.error_outcome(self.turn, call, "not run: " + run.looping)
+            await run.emit_finished(call, self.outcomes[index])
+            return
+        if verdict == "warn":
+            self.notes[index] = run.loops.warning(call)
+            run.defer("loop_warning", call_id=call.id, name=call.name, repeats=run.loops.run)
         checked = await self.run.gate.check(self.turn, call, self.seen)
         self.seen.add(call.id)
         if isinstance(checked, Refused):
@@ -119,7 +130,7 @@ class TurnCalls:
                 return
         self.sent.add(index)
         if (question := ready.tool.question(ready.args)) is not None:
-            outcome = await run.ask(self.turn, ready, question, self.person)
+            outcome = await run.ask_person(self.turn, ready, question, self.person)
         else:
             outcome = await run.dispatch(self.turn, ready)
         self.outcomes.setdefault(index, outcome)
@@ -183,7 +194,7 @@ class TurnCalls:
         await self.settle_all()
         for task in self.tasks.values():
             task.result()  # a bug in dispatch surfaces here, not silently
-        await self.run.record(self.turn, self.calls, self.outcomes)
+        await self.run.record(self.turn, self.calls, self.outcomes, self.notes)
 
     async def settle_all(self) -> None:
         """Wait for every call; park the job when a person's wait asks for it and nothing

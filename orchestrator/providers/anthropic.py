@@ -9,10 +9,12 @@ import httpx
 
 from broker.config.settings import Settings
 from orchestrator.conversation import Message, TokenUsage, ToolCall
-from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
+from orchestrator.providers.base import ModelError, ModelRequest, ModelUnavailable, OnToolCall
+from orchestrator.providers.credentials import Credential
 from orchestrator.providers.http import parse_arguments, stream_events
 
 API_VERSION = "2023-06-01"
+UNAVAILABLE = {"overloaded_error", "api_error", "rate_limit_error"}  # stream errors retried
 
 
 def to_anthropic(messages: list[Message]) -> list[dict[str, Any]]:
@@ -50,10 +52,13 @@ def to_anthropic(messages: list[Message]) -> list[dict[str, Any]]:
 
 
 class AnthropicProvider:
-    def __init__(self, settings: Settings, http: httpx.AsyncClient, model: str) -> None:
+    def __init__(
+        self, settings: Settings, http: httpx.AsyncClient, model: str, credential: Credential
+    ) -> None:
         self.settings = settings
         self.http = http
         self.model = model
+        self.credential = credential
 
     async def complete(
         self, request: ModelRequest, on_tool_call: OnToolCall | None = None
@@ -68,8 +73,8 @@ class AnthropicProvider:
             body["system"] = request.system
         if request.anthropic_tools:
             body["tools"] = request.anthropic_tools
-        headers = {"x-api-key": self.settings.anthropic_api_key, "anthropic-version": API_VERSION}
-        url = self.settings.anthropic_base_url.rstrip("/") + "/v1/messages"
+        headers = {"x-api-key": self.credential.api_key, "anthropic-version": API_VERSION}
+        url = self.credential.base_url.rstrip("/") + "/v1/messages"
         text: list[str] = []
         blocks: dict[int, dict[str, Any]] = {}
         calls: list[ToolCall] = []
@@ -83,7 +88,11 @@ class AnthropicProvider:
                 event = json.loads(sse.data)
                 kind = event.get("type")
                 if kind == "error":
-                    raise ModelError(f"anthropic stream error: {event.get('error')}")
+                    error = event.get("error") or {}
+                    said = f"anthropic stream error: {error}"
+                    if error.get("type") in UNAVAILABLE:  # overloaded mid-stream
+                        raise ModelUnavailable(said, 529, mid_stream=True)
+                    raise ModelError(said)
                 if kind == "message_start":  # the input's tokens (and the first output's)
                     got = (event.get("message") or {}).get("usage") or {}
                     usage.input = got.get("input_tokens") or 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from broker.errors import RunError
 from orchestrator.conversation import Message, ToolCall
@@ -16,6 +16,27 @@ class ModelError(RunError):
     """The model could not produce a turn (transport, HTTP status, protocol, script)."""
 
 
+class ModelUnavailable(ModelError):
+    """A failure another try may not have (408, 409, 429, 5xx, 529, a timeout, a refused
+    connection): failover retries, then moves to the next credential, then model."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 0,
+        retry_after: float | None = None,
+        mid_stream: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after  # seconds the server asked for, if it said
+        self.mid_stream = mid_stream
+
+
+class ContextOverflow(ModelError):
+    """The request was longer than the model's context window: compact, then ask again."""
+
+
 @dataclass
 class ModelRequest:
     system: str
@@ -23,6 +44,7 @@ class ModelRequest:
     openai_tools: list[dict[str, Any]] = field(default_factory=list)
     anthropic_tools: list[dict[str, Any]] = field(default_factory=list)
     turn: int = 0  # index of this turn within the job
+    purpose: Literal["turn", "summary"] = "turn"  # a summary of older turns (compaction)
 
 
 class ModelProvider(Protocol):

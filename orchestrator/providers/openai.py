@@ -10,6 +10,7 @@ import httpx
 from broker.config.settings import Settings
 from orchestrator.conversation import Message, TokenUsage, ToolCall
 from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
+from orchestrator.providers.credentials import Credential
 from orchestrator.providers.http import parse_arguments, stream_events
 
 
@@ -46,10 +47,13 @@ def to_openai(system: str, messages: list[Message]) -> list[dict[str, Any]]:
 
 
 class OpenAIProvider:
-    def __init__(self, settings: Settings, http: httpx.AsyncClient, model: str) -> None:
+    def __init__(
+        self, settings: Settings, http: httpx.AsyncClient, model: str, credential: Credential
+    ) -> None:
         self.settings = settings
         self.http = http
         self.model = model
+        self.credential = credential
 
     async def complete(
         self, request: ModelRequest, on_tool_call: OnToolCall | None = None
@@ -62,8 +66,8 @@ class OpenAIProvider:
         }
         if request.openai_tools:
             body["tools"] = request.openai_tools
-        headers = {"Authorization": f"Bearer {self.settings.openai_api_key}"}
-        url = self.settings.openai_base_url.rstrip("/") + "/chat/completions"
+        headers = {"Authorization": f"Bearer {self.credential.api_key}"}
+        url = self.credential.base_url.rstrip("/") + "/chat/completions"
         text: list[str] = []
         partial: dict[int, dict[str, str]] = {}
         calls: list[ToolCall] = []

@@ -55,6 +55,8 @@ class ScriptedProvider:
     async def complete(
         self, request: ModelRequest, on_tool_call: OnToolCall | None = None
     ) -> Message:
+        if request.purpose == "summary":  # compaction: the script's turns are not used
+            return Message(role="assistant", text=scripted_summary(request))
         if request.turn >= len(self.script.turns):
             raise ModelError(
                 f"the script has {len(self.script.turns)} turns and turn {request.turn + 1} was "
@@ -66,3 +68,11 @@ class ScriptedProvider:
             for call in calls:
                 await on_tool_call(call)
         return Message(role="assistant", text=turn.text, tool_calls=calls, usage=turn.usage)
+
+
+def scripted_summary(request: ModelRequest) -> str:
+    """What the scripted model says when asked to summarise: how much it was given, and
+    its first and last lines (a test can see what was summarised)."""
+    text = "\n".join(m.text for m in request.messages)
+    lines = text.strip().splitlines() or [""]
+    return f"[summary of {len(text)} characters] {lines[0][:200]} … {lines[-1][:200]}"

@@ -41,6 +41,7 @@ def test_a_tree_over_its_token_budget_ends_and_its_child_is_cancelled(
     cluster: Cluster, workspace: Path
 ) -> None:
     usage = {"input": 40, "output": 10}
+    # the parent's calls differ from turn to turn (the same one in a row is a loop)
     # the child spends nothing and sits in one long call when the parent goes over: only
     # the parent's end can stop it there (its own budget check comes at its next turn,
     # which would end it budget_exceeded, not cancelled)
@@ -62,7 +63,10 @@ def test_a_tree_over_its_token_budget_ends_and_its_child_is_cancelled(
             "turns": [
                 {"usage": usage, "tool_calls": [call("s", "spawn", task="work", label="w")]},
                 *[
-                    {"usage": usage, "tool_calls": [call(f"p{n}", "exec", command="sleep 0.2")]}
+                    {
+                        "usage": usage,
+                        "tool_calls": [call(f"p{n}", "exec", command=f"sleep 0.2{n % 10}")],
+                    }
                     for n in range(30)
                 ],
                 {"text": "parent done"},
@@ -97,7 +101,9 @@ def test_a_ten_turn_budget_holds_for_a_tree_across_two_orchestrators(
     """A parent and two children that would each take 30 turns: the tree is asked for
     exactly 10 model turns in all, then every job of it ends and nothing is left running."""
     busy = {
-        "turns": [{"tool_calls": [call(f"x{n}", "exec", command="sleep 0.2")]} for n in range(30)]
+        "turns": [
+            {"tool_calls": [call(f"x{n}", "exec", command=f"sleep 0.2{n % 10}")]} for n in range(30)
+        ]
         + [{"text": "finished"}]
     }
     parent = two.client.submit(

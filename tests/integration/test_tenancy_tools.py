@@ -73,6 +73,8 @@ NAMES_NONE: dict[str, str] = {
     "image": "makes an artifact of this call's user",
     "tts": "makes an artifact of this call's user",
     "skill_search": "the cluster's skills, shared",
+    "ask_user": "a question to this job's own user; answered through its owned requests",
+    "read_result": "a cut result of this session's own jobs (the query names the session)",
     "web_fetch": "the web",
     "web_search": "the web",
 }

@@ -9,15 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
-from tenacity import wait_none
 
 from broker.config.settings import Settings
 from orchestrator.conversation import Message, ToolCall, ToolResultBlock
 from orchestrator.providers import ModelError, ModelRequest, provider_for
-from orchestrator.providers import http as provider_http
 from orchestrator.providers.anthropic import API_VERSION
 from orchestrator.providers.scripted import ScriptedProvider
-from tests.orchestrator.conftest import ModelServer, openai_chunk, sse, tool_delta
+from tests.orchestrator.conftest import ModelServer, fixture_text, openai_chunk, sse, tool_delta
 from workers.registry import default_registry
 
 SYSTEM = "You are clawq, a coding agent."
@@ -530,9 +528,28 @@ def test_anthropic_error_event_in_stream(model_server: ModelServer, provider_set
         ),
     )
     model_server.reply_sse(body)
-    with pytest.raises(ModelError, match=r"anthropic stream error.*overloaded_error"):
+    model_server.reply_sse(body)
+    model_server.reply_json(400, {"type": "error", "error": {"type": "invalid_request_error"}})
+    with pytest.raises(ModelError, match=r"anthropic returned HTTP 400"):
         complete("anthropic", provider_settings, request())
-    assert len(model_server.requests) == 1  # mid-stream errors are not retried
+    # overloaded before any tool call was handed over: asked again, until a plain error
+    assert len(model_server.requests) == 3
+
+
+@pytest.mark.usefixtures("no_backoff")
+def test_a_stream_that_breaks_after_a_tool_call_is_not_asked_again(
+    model_server: ModelServer, provider_settings: Settings
+):
+    stream = fixture_text("anthropic_tool_use.sse")
+    cut = stream.index("event: message_delta")
+    broken = stream[:cut] + sse(
+        ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Over"}})
+    )
+    model_server.reply_sse(broken)
+    model_server.reply_fixture("anthropic_tool_use.sse")
+    with pytest.raises(ModelError, match=r"overloaded_error"):  # a chain: openai not asked
+        complete("anthropic,openai", provider_settings, request())
+    assert len(model_server.requests) == 1  # a call was handed over: never asked again
 
 
 def test_anthropic_http_400_not_retried(model_server: ModelServer, provider_settings: Settings):
@@ -575,9 +592,9 @@ def test_anthropic_http_429_then_success_is_retried(
 
 
 @pytest.fixture
-def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_backoff(provider_settings: Settings) -> None:
     """Retries without the exponential waits (the 429 test keeps the real ones)."""
-    monkeypatch.setattr(provider_http, "wait_exponential", lambda **_: wait_none())
+    provider_settings.model_retry_initial_s = provider_settings.model_retry_max_s = 0.0
 
 
 @pytest.mark.usefixtures("no_backoff")

@@ -137,16 +137,23 @@ def test_the_processs_own_secrets_are_known() -> None:
 def test_secrets_named_by_environment_variable_are_known(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_TG_TOKEN", "123456:telegram-bot-token")
     monkeypatch.setenv("TEST_IMG_KEY", "img-endpoint-key-42")
+    monkeypatch.setenv("TEST_MODEL_KEY", "sk-ant-second-credential")
     settings = Settings.model_validate(
         {
             "message_channels": {"tg": {"kind": "telegram", "token_env": "TEST_TG_TOKEN"}},
             "image_endpoints": {"local": {"base_url": "http://x", "api_key_env": "TEST_IMG_KEY"}},
             "elevenlabs_api_key": "eleven-key-123",
+            "model_credentials": [
+                {"provider": "anthropic", "label": "b", "api_key_env": "TEST_MODEL_KEY"}
+            ],
         }
     )
-    assert {"123456:telegram-bot-token", "img-endpoint-key-42", "eleven-key-123"} <= set(
-        secrets_of(settings)
-    )
+    assert {
+        "123456:telegram-bot-token",
+        "img-endpoint-key-42",
+        "eleven-key-123",
+        "sk-ant-second-credential",
+    } <= set(secrets_of(settings))
 
 
 class _LeakInput(ToolInput):

@@ -1,5 +1,6 @@
-"""Group sessions: this session and others (sessions), subagents, and the cluster's nodes."""
+"""Group sessions: this session and others (sessions), results cut in the context
+(results), subagents, and the cluster's nodes."""
 
-from workers.tools.sessions import nodes, sessions, subagents
+from workers.tools.sessions import nodes, results, sessions, subagents
 
-TOOLS = [*sessions.TOOLS, *subagents.TOOLS, *nodes.TOOLS]
+TOOLS = [*sessions.TOOLS, *results.TOOLS, *subagents.TOOLS, *nodes.TOOLS]
