@@ -24,6 +24,8 @@ from broker.protocol import CallOutcome
 
 Kind = Literal["approval", "question", "elicitation"]  # elicitation: an MCP server's
 OnTimeout = Literal["deny", "cancel"]
+# a person's answer: a question's text or choices, an elicitation's object (or its texts)
+AnswerValue = str | list[str] | dict[str, Any]
 
 
 class Question(BaseModel):

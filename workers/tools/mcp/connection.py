@@ -17,6 +17,7 @@ import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from contextvars import Token
 from typing import Any, Literal
 
 from tenacity import (
@@ -298,7 +299,7 @@ class Connection:
             await self.offer_root(workspace)
         if asker is not None:
             self.askers.append(asker)
-        token = ASKING.set(asker)
+        token: Token[Asker | None] | None = ASKING.set(asker)
         try:
             return await limited(
                 self.config.name,

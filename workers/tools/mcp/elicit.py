@@ -125,10 +125,10 @@ class Asker:
             )
         return request
 
-    def _emit(self, kind: str, **data: Any) -> None:
+    def _emit(self, event_type: str, **data: Any) -> None:
         ctx = self.ctx
         if ctx.redis is not None:
-            event = Event(type=kind, job_id=ctx.job_id, data=data)
+            event = Event(type=event_type, job_id=ctx.job_id, data=data)
             events.emit_sync(ctx.redis, event, ctx.settings.events_ttl_s)
 
     async def _wait(self, request_id: str, wait: float) -> PersonRequest:
