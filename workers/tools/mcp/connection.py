@@ -17,7 +17,6 @@ import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from contextvars import Token
 from typing import Any, Literal
 
 from tenacity import (
@@ -299,30 +298,28 @@ class Connection:
             await self.offer_root(workspace)
         if asker is not None:
             self.askers.append(asker)
-        token: Token[Asker | None] | None = ASKING.set(asker)
+        token = ASKING.set(asker)
         try:
-            return await limited(
-                self.config.name,
-                label,
-                lambda p: send(client, p, self.resources),
-                idle,
-                total,
-                progress,
-                asker,
-            )
+            try:
+                return await limited(
+                    self.config.name,
+                    label,
+                    lambda p: send(client, p, self.resources),
+                    idle,
+                    total,
+                    progress,
+                    asker,
+                )
+            finally:  # before a reconnection below: that task is no call's
+                ASKING.reset(token)
+                if asker is not None:
+                    self.askers.remove(asker)
         except McpError as exc:
-            ASKING.reset(token)  # a reconnection started below is no call's
-            token = None
             if exc.lost:
                 self.lost(exc.lost)
             if getattr(self.bearer, "refused", ""):  # the session died of a refused grant
                 raise McpError(self.bearer.refused) from None
             raise
-        finally:
-            if token is not None:
-                ASKING.reset(token)
-            if asker is not None:
-                self.askers.remove(asker)
 
     async def refresh_tools(self) -> None:
         rows, facts = await listing(self.client, self.config.name)
