@@ -10,6 +10,7 @@ an error for the model, not a dead session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -66,9 +67,14 @@ async def limited(
     loop = asyncio.get_running_loop()
     quiet = asyncio.timeout(idle)
     start = loop.time()
+
+    def idle_until(when: float | None) -> None:
+        with contextlib.suppress(RuntimeError):  # it fired meanwhile: the call is ending
+            quiet.reschedule(when)
+
     if asker is not None:
-        asker.pause = lambda: quiet.reschedule(None)
-        asker.resume = lambda: quiet.reschedule(loop.time() + idle)
+        asker.pause = lambda: idle_until(None)
+        asker.resume = lambda: idle_until(loop.time() + idle)
         asker.remaining = lambda: start + total - loop.time()
 
     async def on_progress(done: float, of: float | None, message: str | None) -> None:

@@ -85,6 +85,12 @@ class Asker:
             self.pause()
             try:
                 request = await self._wait(request.id, wait)
+            except asyncio.CancelledError:  # the call ended (cancelled, lost): so does this
+                assert ctx.store is not None
+                request = requests.close(ctx.store().conn, request.id, "timeout", "call ended")
+                self._emit("input_resolved", request_id=request.id, call_id=ctx.call_id,
+                           status=request.status)  # fmt: skip
+                raise
             finally:
                 self.resume()
         self._emit(
