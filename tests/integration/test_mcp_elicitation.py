@@ -12,11 +12,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from broker.stores import requests
+from broker.stores.api_keys import ApiKeyStore
 from orchestrator.client import ClientError, Job
-from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
+from tests.integration.conftest import (
+    Cluster,
+    call,
+    script,
+    serve_api,
+    start_cluster,
+    wait_until,
+)
 
 WAIT_S = 6.0  # mcp_elicitation_timeout_s of this cluster
 IDLE_S = 2.0  # the servers' idle limit: shorter than the wait, which pauses it
@@ -41,7 +50,7 @@ def cluster() -> Iterator[Cluster]:
         cluster.client.mcp.grant("old", agent="main", by="test")
         wanted = {"mcp_ask__book", "mcp_old__reserve"}
         wait_until(
-            lambda c=cluster: wanted <= {t.exposed_name for t in c.client.mcp.tools()},
+            lambda c=cluster, w=wanted: w <= {t.exposed_name for t in c.client.mcp.tools()},
             what="the catalog",
         )
         yield cluster
@@ -130,7 +139,9 @@ def test_a_job_nobody_can_answer_is_declined_at_once(cluster: Cluster, workspace
                 {"text": "done"},
             ],
             "subagents": {
-                "bk": script({"tool_calls": [call("b", "mcp_ask__book", table="t7")]}, {"text": "x"})
+                "bk": script(
+                    {"tool_calls": [call("b", "mcp_ask__book", table="t7")]}, {"text": "x"}
+                )
             },
         },
     )
@@ -142,3 +153,33 @@ def test_a_job_nobody_can_answer_is_declined_at_once(cluster: Cluster, workspace
     assert not b.is_error and "not booked: the person chose decline" in b.output, b.output
     assert not [e for e in cluster.client.job(child.id).events() if e.type == "input_requested"]
     assert result.status == "completed"
+
+
+def test_answered_and_declined_over_the_api_and_the_inbox_form(
+    cluster: Cluster, workspace: Path
+) -> None:
+    key = ApiKeyStore(cluster.client.store).create("carol")[1]
+    for api in serve_api(cluster):
+        with httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}) as carol:
+            first = booking(cluster, workspace, "mcp_ask__book", user="carol")
+            request = str(asked(first)["request_id"])
+            path = f"/v1/jobs/{first.id}/inputs/{request}"
+            wrong = carol.post(path, json={"answer": {"date": "2025-05-02", "guests": "x"}})
+            assert wrong.status_code == 400 and "guests" in wrong.text, wrong.text
+            both = carol.post(path, json={"answer": {"guests": 2}, "decline": True})
+            assert both.status_code == 422, both.text
+            # the inbox draws the server's fields; the form's answer is typed by the schema
+            page = carol.get("/v1/inbox").text
+            assert 'name="f.date" required' in page and 'type="number" step="1"' in page
+            assert '<input type="checkbox" name="f.outside" value="true">' in page
+            form = {"f.date": "2025-05-02", "f.guests": "3", "decision": "answered"}
+            posted = carol.post(f"/v1/inbox/{request}", data=form)
+            assert posted.status_code == 303, posted.text
+            (b,) = first.wait(timeout=60).tool_calls
+            assert "booked t7 on 2025-05-02 for 3" in b.output and "outside" not in b.output
+            second = booking(cluster, workspace, "mcp_old__reserve", user="carol")
+            request = str(asked(second)["request_id"])
+            declined = carol.post(f"/v1/jobs/{second.id}/inputs/{request}", json={"decline": True})
+            assert declined.status_code == 204, declined.text
+            (r,) = second.wait(timeout=60).tool_calls
+            assert "not booked: the person chose decline" in r.output
