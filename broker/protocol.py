@@ -75,6 +75,10 @@ class CallContext(BaseModel):
         False,
         description="allowed only because commands run confined: never run it unconfined",
     )
+    attended: bool = Field(
+        True,
+        description="a person can answer the job's requests (an MCP server's elicitation)",
+    )
 
 
 class CallEnvelope(BaseModel):

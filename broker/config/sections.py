@@ -189,6 +189,11 @@ class Mcp(BaseModel):
     mcp_reconnect_max_s: float = Field(60.0, gt=0, description="longest backoff")
     mcp_reconnect_attempts: int = Field(10, ge=1, description="then the server is failed")
     mcp_output_cap_chars: int = Field(100_000, ge=1000, description="of one result")
+    mcp_elicitation_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="a server's question to a person waits this long (or the call's rest)",
+    )
 
 
 class Confinement(BaseModel):

@@ -10,6 +10,7 @@ comes second sees both writes, and only one of them resumes the job.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, Literal
 
@@ -21,8 +22,10 @@ from pydantic import BaseModel, Field
 
 from broker.protocol import CallOutcome
 
-Kind = Literal["approval", "question"]
+Kind = Literal["approval", "question", "elicitation"]  # elicitation: an MCP server's
 OnTimeout = Literal["deny", "cancel"]
+# a person's answer: a question's text or choices, an elicitation's object (or its texts)
+AnswerValue = str | list[str] | dict[str, Any]
 
 
 class Question(BaseModel):
@@ -45,7 +48,8 @@ class PersonRequest(BaseModel):
     input: dict[str, Any]
     reason: str
     question: Question | None = None
-    status: str  # pending, allow-once, allow-always, deny, answered, timeout
+    requested_schema: dict[str, Any] | None = None  # an elicitation's: what `answer` must be
+    status: str  # pending, allow-once, allow-always, deny, answered, declined, timeout
     answer: Any = None
     answered_by: str = ""
     answered_admin: bool = False
@@ -69,15 +73,15 @@ def options(request: PersonRequest) -> list[str]:
 COLUMNS = (
     "id, job_id, kind, turn, call_id, tool, input, reason, question, status, answer,"
     " answered_by, answered_admin, user_id, requested_at, answered_at, expires_at, on_timeout,"
-    " chat_message"
+    " chat_message, requested_schema"
 )
 OPEN = (
     "INSERT INTO approvals (id, job_id, turn, call_id, tool, input, reason, kind, question,"
-    " expires_at, on_timeout, user_id)"
+    " expires_at, on_timeout, user_id, requested_schema)"
     " VALUES (%(id)s, %(job_id)s, %(turn)s, %(call_id)s, %(tool)s, %(input)s, %(reason)s,"
     " %(kind)s, %(question)s, CASE WHEN %(timeout_s)s::float8 > 0"
     "   THEN now() + make_interval(secs => %(timeout_s)s::float8) END,"
-    " %(on_timeout)s, %(user_id)s)"
+    " %(on_timeout)s, %(user_id)s, %(requested_schema)s)"
     " ON CONFLICT (job_id, turn, call_id) DO UPDATE SET job_id = EXCLUDED.job_id"
     f" RETURNING {COLUMNS}, (xmax = 0) AS created"
 )
@@ -156,28 +160,48 @@ async def open_request(
 ) -> tuple[PersonRequest, bool]:
     """The call's request, opened now or (a resumed turn) found as it was; and whether it
     is new (a new one is announced, a found one was already)."""
+    params = _open_params(
+        request_id, job_id, turn, call_id, tool, call_input, reason, kind, question,
+        timeout_s, on_timeout, user_id,
+    )  # fmt: skip
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
-            OPEN,
-            {
-                "id": request_id,
-                "job_id": job_id,
-                "turn": turn,
-                "call_id": call_id,
-                "tool": tool,
-                "input": Jsonb(call_input),
-                "reason": reason,
-                "kind": kind,
-                "question": Jsonb(question.model_dump()) if question else None,
-                "timeout_s": timeout_s,
-                "on_timeout": on_timeout,
-                "user_id": user_id,
-            },
-        )
+        await cur.execute(OPEN, params)
         row = await cur.fetchone()
     assert row is not None  # an upsert returns its row
     return _request(row), bool(row["created"])
+
+
+def _open_params(
+    request_id: str,
+    job_id: str,
+    turn: int,
+    call_id: str,
+    tool: str,
+    call_input: dict[str, Any],
+    reason: str,
+    kind: Kind,
+    question: Question | None,
+    timeout_s: float,
+    on_timeout: OnTimeout,
+    user_id: str,
+    requested_schema: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "job_id": job_id,
+        "turn": turn,
+        "call_id": call_id,
+        "tool": tool,
+        "input": Jsonb(call_input),
+        "reason": reason,
+        "kind": kind,
+        "question": Jsonb(question.model_dump()) if question else None,
+        "timeout_s": timeout_s,
+        "on_timeout": on_timeout,
+        "user_id": user_id,
+        "requested_schema": Jsonb(requested_schema) if requested_schema is not None else None,
+    }
 
 
 async def find(pool: AsyncConnectionPool, request_id: str) -> PersonRequest | None:
@@ -337,3 +361,100 @@ def pending(
         .fetchall()
     )
     return [_request(r) for r in rows]
+
+
+# -- an MCP server's elicitation --------------------------------------------------------------
+
+
+def open_elicitation(
+    conn: psycopg.Connection[Any],
+    request_id: str,
+    job_id: str,
+    turn: int,
+    call_key: str,
+    tool: str,
+    message: str,
+    requested_schema: dict[str, Any],
+    timeout_s: float,
+    user_id: str,
+) -> PersonRequest:
+    """A server's question during a call (`call_key`: the call's id and a counter), kept
+    like any request until answered or its wait ends."""
+    params = _open_params(
+        request_id, job_id, turn, call_key, tool, {}, message, "elicitation",
+        Question(question=message), timeout_s, "deny", user_id, requested_schema,
+    )  # fmt: skip
+    row = conn.cursor(row_factory=dict_row).execute(OPEN, params).fetchone()
+    assert row is not None  # an upsert returns its row
+    return _request(row)
+
+
+def close(conn: psycopg.Connection[Any], request_id: str, status: str, by: str) -> PersonRequest:
+    """Close a request nobody answered (its wait ended) unless a person answered first;
+    the request as it now stands."""
+    conn.execute(
+        ANSWER, {"status": status, "answer": None, "by": by, "admin": False, "id": request_id}
+    )
+    found = request(conn, request_id)
+    assert found is not None
+    return found
+
+
+TRUE, FALSE = {"true", "yes", "on", "1", "y"}, {"false", "no", "off", "0", "n", ""}
+
+
+def _typed(value: Any, kind: str) -> Any:
+    """A form's or a command line's text as the schema's primitive (else as it is: the
+    check then says what is wrong)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    try:
+        if kind == "integer":
+            return int(text)
+        if kind == "number":
+            return float(text)
+    except ValueError:
+        return value
+    if kind == "boolean" and text.lower() in TRUE | FALSE:
+        return text.lower() in TRUE
+    return value
+
+
+def _fields(schema: dict[str, Any]) -> str:
+    required = set(schema.get("required") or [])
+    props: dict[str, Any] = schema.get("properties") or {}
+    return ", ".join(
+        f"{name} ({p.get('type', 'any')}{', required' if name in required else ''})"
+        for name, p in props.items()
+    )
+
+
+def content(request: PersonRequest, answer: Any) -> dict[str, Any]:
+    """An elicitation's answer as the server's schema takes it: an object (or its JSON, or
+    `name=value` texts, typed by the schema), checked with jsonschema."""
+    from jsonschema import exceptions, validators
+
+    schema = request.requested_schema or {"type": "object"}
+    props: dict[str, Any] = schema.get("properties") or {}
+    given: Any = answer
+    if isinstance(answer, str) and answer.strip().startswith("{"):
+        try:
+            given = json.loads(answer)
+        except ValueError as exc:
+            raise BadAnswer(f"the answer is not valid JSON: {exc}") from None
+    elif isinstance(answer, str | list) and all(isinstance(a, str) for a in answer):
+        pairs = [answer] if isinstance(answer, str) else answer
+        if not all("=" in p for p in pairs):
+            raise BadAnswer(f"answer with a JSON object or name=value of: {_fields(schema)}")
+        given = dict(p.split("=", 1) for p in pairs)
+    if not isinstance(given, dict):
+        raise BadAnswer(f"answer with an object of: {_fields(schema)}")
+    typed = {k: _typed(v, str((props.get(k) or {}).get("type", ""))) for k, v in given.items()}
+    error = exceptions.best_match(validators.validator_for(schema)(schema).iter_errors(typed))
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path))
+        raise BadAnswer(
+            f"{where + ': ' if where else ''}{error.message}; the answer needs: {_fields(schema)}"
+        )
+    return typed

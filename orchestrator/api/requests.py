@@ -11,12 +11,12 @@ import html
 import json
 import time
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from broker.errors import NotFound, Unauthorized
 from broker.stores import requests
@@ -29,8 +29,21 @@ router = APIRouter(prefix="/v1", tags=["requests"])
 
 
 class Given(BaseModel):
+    """A question's answer, or an MCP server's elicitation's: its object, or a decline."""
+
     model_config = ConfigDict(extra="forbid")
-    answer: str | list[str] = Field(description="text, or one (or, multi, several) choices")
+    answer: str | list[str] | dict[str, Any] | None = Field(
+        None,
+        description="text, or one (or, multi, several) choices; an elicitation's: an object"
+        " its schema accepts",
+    )
+    decline: bool = Field(False, description="an elicitation's: refuse it (the server hears)")
+
+    @model_validator(mode="after")
+    def _one(self) -> Given:
+        if self.decline == (self.answer is not None):
+            raise ValueError("give either an answer or decline: true")
+        return self
 
 
 class InboxLink(BaseModel):
@@ -61,9 +74,11 @@ def pending(
 def answer(
     job_id: Id, request_id: Id, body: Given, job: OwnedJob, caller: Caller, svc: Svc
 ) -> None:
-    """Answer a question (`input_requested`): the job's user or an admin."""
+    """Answer a question or an elicitation (`input_requested`), or decline an elicitation:
+    the job's user or an admin."""
     _owned(svc, caller, request_id, job_id)
-    svc.client().job(job_id).answer(request_id, body.answer, by=f"api:{caller.user_id}")
+    target = svc.client().job(job_id)
+    target.answer(request_id, body.answer, by=f"api:{caller.user_id}", decline=body.decline)
 
 
 # -- the inbox page ---------------------------------------------------------------------------
@@ -116,6 +131,51 @@ pre{{background:#f6f6f6;padding:.5em;overflow:auto}}.done{{color:#070}}</style><
 <body><h1>Inbox</h1>{notice}<p id="count">{count} pending</p>{items}</body></html>"""
 
 
+def _fields(schema: dict[str, Any]) -> str:
+    """An elicitation's form: one input per primitive field of the server's schema."""
+    esc, out = html.escape, []
+    required = set(schema.get("required") or [])
+    for name, prop in (schema.get("properties") or {}).items():
+        kind, key = prop.get("type", "string"), esc(f"f.{name}", quote=True)
+        label = esc(prop.get("title") or prop.get("description") or name)
+        need = " required" if name in required else ""
+        if kind == "boolean":
+            field = f'<input type="checkbox" name="{key}" value="true">'
+        elif prop.get("enum"):
+            options = "".join(
+                f'<option value="{esc(str(v), quote=True)}">{esc(str(v))}</option>'
+                for v in prop["enum"]
+            )
+            field = f'<select name="{key}"{need}>{options}</select>'
+        elif kind in ("integer", "number"):
+            step = "1" if kind == "integer" else "any"
+            field = f'<input type="number" step="{step}" name="{key}"{need}>'
+        else:
+            field = f'<input name="{key}"{need}>'
+        out.append(f"<label>{label} {field}</label><br>")
+    return "".join(out)
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """An elicitation form's fields (`f.<name>`), by name."""
+    form = await request.form()
+    return {k[2:]: str(v) for k, v in form.items() if k.startswith("f.")}
+
+
+def _elicited(req: PersonRequest, fields: dict[str, str]) -> dict[str, str]:
+    """The form's fields as the answer: an unticked box is false, an empty optional
+    field is left out."""
+    schema = req.requested_schema or {}
+    required = set(schema.get("required") or [])
+    answer = dict(fields)
+    for name, prop in (schema.get("properties") or {}).items():
+        if prop.get("type") == "boolean":
+            answer.setdefault(name, "false")
+        if answer.get(name) == "" and name not in required:
+            del answer[name]
+    return answer
+
+
 def _item(req: PersonRequest, query: str) -> str:
     esc = html.escape
     action = esc(f"/v1/inbox/{req.id}" + (f"?{query}" if query else ""), quote=True)
@@ -125,6 +185,13 @@ def _item(req: PersonRequest, query: str) -> str:
         controls = "".join(
             f'<button name="decision" value="{d}">{d}</button> '
             for d in ("allow-once", "allow-always", "deny")
+        )
+    elif req.kind == "elicitation":
+        title = f"<b>{esc(req.tool)}</b> asks: {esc(req.reason)}"
+        detail = ""
+        controls = _fields(req.requested_schema or {}) + (
+            '<button name="decision" value="answered">answer</button> '
+            '<button name="decision" value="declined" formnovalidate>decline</button>'
         )
     else:
         q = req.question
@@ -180,6 +247,7 @@ def inbox_answer(
     request_id: Id,
     reading: Read,
     svc: Svc,
+    fields: Annotated[dict[str, str], Depends(form_fields)],
     decision: Annotated[str, Form()] = "answered",
     answer: Annotated[list[str] | None, Form()] = None,
 ) -> RedirectResponse:
@@ -191,6 +259,13 @@ def inbox_answer(
     if req.kind == "approval":
         job.approve(request_id, decision, by=by, admin=caller.admin)
         said = f"{decision}: {req.tool}"
+    elif req.kind == "elicitation" and decision == "declined":
+        job.answer(request_id, by=by, decline=True)
+        said = f"declined: {req.tool}"
+    elif req.kind == "elicitation":
+        filled = _elicited(req, fields)
+        job.answer(request_id, filled, by=by)
+        said = f"answered: {', '.join(f'{k}={v}' for k, v in filled.items())}"
     else:
         given = answer or []
         multi = req.question is not None and req.question.multi

@@ -19,7 +19,8 @@ from pydantic import BaseModel
 
 from broker import keys
 
-Answer = Literal["allow-once", "allow-always", "deny", "answered"]  # answered: a question
+# answered: a question's or an elicitation's; declined: an elicitation's
+Answer = Literal["allow-once", "allow-always", "deny", "answered", "declined"]
 ANSWERS: tuple[str, ...] = ("allow-once", "allow-always", "deny")
 
 

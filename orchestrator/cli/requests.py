@@ -58,12 +58,18 @@ def requests_(user: str | None, as_json: bool, link: bool, open_: bool) -> None:
 @click.command()
 @click.argument("job_id")
 @click.argument("request_id")
-@click.argument("answer", nargs=-1, required=True)
+@click.argument("answer", nargs=-1)
 @click.option("--by", default="", help="Who answers (default: this user).")
-def answer(job_id: str, request_id: str, answer: tuple[str, ...], by: str) -> None:
+@click.option("--decline", is_flag=True, help="Refuse an MCP server's request (elicitation).")
+def answer(job_id: str, request_id: str, answer: tuple[str, ...], by: str, decline: bool) -> None:
     """Answer a job's question (its input_requested event): text, or one of its choices
-    (several, each its own argument, when it allows several)."""
+    (several, each its own argument, when it allows several). An MCP server's request
+    (kind elicitation) takes a JSON object or name=value arguments (`date=2025-05-01
+    guests=2`), checked against the server's schema; or --decline."""
+    if bool(answer) == decline:
+        raise click.UsageError("give an answer, or --decline (not both)")
     with cluster() as client:
         given: str | list[str] = answer[0] if len(answer) == 1 else list(answer)
-        client.job(job_id).answer(request_id, given, by=by)
-    console.print(f"answer sent for {request_id}")
+        job = client.job(job_id)
+        job.answer(request_id, None if decline else given, by=by, decline=decline)
+    console.print(f"{'declined' if decline else 'answer sent for'} {request_id}")

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, TypedDict
 from broker.config.settings import Settings
 from broker.errors import Conflict, Invalid
 from broker.protocol import Event, JobResult, Subagent
+from broker.stores.requests import AnswerValue
 
 
 class ClientError(Invalid):
@@ -72,9 +73,17 @@ class Job(ABC):
         """Answer an `approval_requested` event: allow-once, allow-always or deny."""
 
     @abstractmethod
-    def answer(self, request_id: str, answer: str | list[str], by: str = "") -> None:
-        """Answer an `input_requested` event (ask_user): text, or one of its choices (a
-        list of them when it allows several)."""
+    def answer(
+        self,
+        request_id: str,
+        answer: AnswerValue | None = None,
+        by: str = "",
+        *,
+        decline: bool = False,
+    ) -> None:
+        """Answer an `input_requested` event: ask_user's with text, or one of its choices (a
+        list of them when it allows several); an MCP server's (kind `elicitation`) with an
+        object its schema accepts (or its JSON, or `name=value` texts), or `decline`."""
 
     @abstractmethod
     def steer(self, message: str) -> None:

@@ -42,7 +42,7 @@ from broker.redis import changes, events
 from broker.redis.control import cancel_jobs
 from broker.stores import requests
 from broker.stores.custom_tools import TOPIC as CUSTOM_TOPIC
-from broker.stores.requests import BadAnswer, PersonRequest, given
+from broker.stores.requests import AnswerValue, BadAnswer, PersonRequest, content, given
 from orchestrator.admin.custom_tools import CustomAdmin
 from orchestrator.admin.mcp import McpAdmin
 from orchestrator.calls.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
@@ -113,20 +113,40 @@ class LocalJob(Job):
         self._answer(request_id, "approval", decision, by, admin)
 
     def answer(
-        self, request_id: str, answer: str | list[str], by: str = "", admin: bool = True
+        self,
+        request_id: str,
+        answer: AnswerValue | None = None,
+        by: str = "",
+        admin: bool = True,
+        *,
+        decline: bool = False,
     ) -> None:
-        request = self._request(request_id, "question")
+        """A question's answer (text, or its choices), or an MCP server's elicitation's: an
+        object its schema accepts (or its JSON, or `name=value` texts), or `decline`."""
+        request = self._request(request_id, ("question", "elicitation"))
+        if decline:
+            if request.kind != "elicitation":
+                raise ClientError("only an MCP server's request (an elicitation) is declined")
+            self._answer(request_id, request.kind, "declined", by, admin)
+            return
+        if answer is None:
+            raise ClientError("give an answer (or, to an MCP server's request, decline)")
         try:
-            value = given(request, answer)
+            if request.kind == "elicitation":
+                value: Any = content(request, answer)
+            elif isinstance(answer, dict):
+                raise BadAnswer("a question's answer is text or its choices, not an object")
+            else:
+                value = given(request, answer)
         except BadAnswer as exc:
             raise ClientError(str(exc)) from None
-        self._answer(request_id, "question", "answered", by, admin, value)
+        self._answer(request_id, request.kind, "answered", by, admin, value)
 
-    def _request(self, request_id: str, kind: str) -> PersonRequest:
+    def _request(self, request_id: str, kinds: tuple[str, ...]) -> PersonRequest:
         request = requests.request(self.client.store.conn, request_id)
         if request is None or request.job_id != self.id:
             raise NotNow(f"job {self.id} has no request {request_id}")
-        if request.kind != kind:
+        if request.kind not in kinds:
             verb = "approve" if request.kind == "approval" else "answer"
             raise ClientError(f"request {request_id} is a {request.kind}: {verb} it")
         if request.status != "pending":
@@ -138,7 +158,7 @@ class LocalJob(Job):
     ) -> None:
         """The answer in PostgreSQL first (the first one wins), then the waiting process
         told; the job queued again when it was parked and this was its last request."""
-        self._request(request_id, kind)
+        self._request(request_id, (kind,))
         who = by or getpass.getuser()
         conn = self.client.store.conn
         if not requests.answer(conn, request_id, status, who, admin, value):

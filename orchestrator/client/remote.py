@@ -21,7 +21,7 @@ from broker.config.mcp import Grant
 from broker.protocol import FINAL_STATUSES, Event, JobResult, Subagent
 from broker.stores.custom_tools import CustomTool
 from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
-from broker.stores.requests import PersonRequest
+from broker.stores.requests import AnswerValue, PersonRequest
 from orchestrator.admin.definitions import read_definition
 from orchestrator.admin.mcp_login import LoginStart
 from orchestrator.client.base import Client, ClientError, Job, JobOptions
@@ -99,13 +99,17 @@ class RemoteJob(Job):
             )
         )
 
-    def answer(self, request_id: str, answer: str | list[str], by: str = "") -> None:
+    def answer(
+        self,
+        request_id: str,
+        answer: AnswerValue | None = None,
+        by: str = "",
+        *,
+        decline: bool = False,
+    ) -> None:
         """Over the API the key says who answers."""
-        _check(
-            self.client.http.post(
-                f"/v1/jobs/{self.id}/inputs/{request_id}", json={"answer": answer}
-            )
-        )
+        body: dict[str, Any] = {"decline": True} if decline else {"answer": answer}
+        _check(self.client.http.post(f"/v1/jobs/{self.id}/inputs/{request_id}", json=body))
 
     def steer(self, message: str) -> None:
         _check(self.client.http.post(f"/v1/jobs/{self.id}/steer", json={"message": message}))

@@ -19,6 +19,7 @@ from broker.protocol import (
     CallOutcome,
     Event,
     Group,
+    JobSpec,
 )
 from broker.redis.presence import stale
 from broker.stores import requests
@@ -34,6 +35,13 @@ from workers.tools.messaging.requests import NOTIFY_TASK
 log = logging.getLogger("clawq.loop")
 
 EVENT_OUTPUT_CHARS = 2000
+
+
+def attended(spec: JobSpec) -> bool:
+    """Whether a person can answer the job's requests: not a subagent's or a cron run's
+    that has neither a user (whose inbox lists it) nor a chat (where it is asked)."""
+    unattended = spec.parent_id or spec.label.startswith("cron:")
+    return bool(spec.user_id or spec.channel or not unattended)
 
 
 class JobCalls(JobTranscript):
@@ -187,6 +195,7 @@ class JobCalls(JobTranscript):
                     hidden_paths=self.hidden,
                     network=self.network,
                     confined=ready.confined,
+                    attended=attended(self.spec),
                 ),
                 timeout_s=timeout,
                 deadline=time.time() + self.s.settings.visibility_timeout_s,

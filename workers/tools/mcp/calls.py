@@ -10,10 +10,14 @@ an error for the model, not a dead session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import RunError
+
+if TYPE_CHECKING:
+    from workers.tools.mcp.elicit import Asker
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 
@@ -53,13 +57,25 @@ async def limited(
     idle: float,
     total: float,
     progress: Progress | None = None,
+    asker: Asker | None = None,
 ) -> Any:
-    """`send(on_progress)` within `idle` (each progress resets it) and `total` seconds."""
+    """`send(on_progress)` within `idle` (each progress resets it) and `total` seconds;
+    `asker`, the call's way to a person, pauses the idle limit while a person answers."""
     from mcp import MCPError
     from mcp_types import CONNECTION_CLOSED
 
     loop = asyncio.get_running_loop()
     quiet = asyncio.timeout(idle)
+    start = loop.time()
+
+    def idle_until(when: float | None) -> None:
+        with contextlib.suppress(RuntimeError):  # it fired meanwhile: the call is ending
+            quiet.reschedule(when)
+
+    if asker is not None:
+        asker.pause = lambda: idle_until(None)
+        asker.resume = lambda: idle_until(loop.time() + idle)
+        asker.remaining = lambda: start + total - loop.time()
 
     async def on_progress(done: float, of: float | None, message: str | None) -> None:
         quiet.reschedule(loop.time() + idle)

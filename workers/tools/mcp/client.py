@@ -30,6 +30,7 @@ from broker.redis.changes import Listener
 from workers.tools.mcp.calls import McpError, Progress
 from workers.tools.mcp.catalog import Row
 from workers.tools.mcp.connection import CONNECT_TIMEOUT_S, Auth, Connection, OnListed, OnState
+from workers.tools.mcp.elicit import Asker
 from workers.tools.mcp.oauth import OAuthAuth, Rows
 from workers.tools.mcp.requests import send
 
@@ -76,11 +77,13 @@ class McpManager:
         progress: Callable[[list[Heard]], None] | None = None,
         workspace: str = "",
         cancelled: Callable[[], str | None] = lambda: None,
+        asker: Asker | None = None,
     ) -> Any:
         """A tool (or a built-in: `resources/read`, ...) of `server`, from the worker's
         thread; `progress` hears the server's progress notifications in order, in this
         thread (which waits anyway: the loop only queues them), as many at a time as came
-        meanwhile; a cancel seen by `cancelled()` cancels the request on the server."""
+        meanwhile; a cancel seen by `cancelled()` cancels the request on the server;
+        `asker` puts the server's questions to a person (`elicit.py`)."""
         heard: queue.SimpleQueue[Heard | None] = queue.SimpleQueue()
         on_progress: Progress | None = None
         if progress is not None:
@@ -89,7 +92,7 @@ class McpManager:
                 heard.put((done, of, message))
 
         future = asyncio.run_coroutine_threadsafe(
-            self._call(server, tool, arguments, on_progress, workspace), self.loop
+            self._call(server, tool, arguments, on_progress, workspace, asker), self.loop
         )
         future.add_done_callback(lambda _: heard.put(None))  # after every progress put
         checked = time.monotonic()
@@ -122,12 +125,17 @@ class McpManager:
         arguments: dict[str, Any],
         progress: Progress | None,
         workspace: str,
+        asker: Asker | None = None,
     ) -> Any:
         connection = self.connections.get(server)
         if connection is None or connection.state != "connected":  # else: the health loop
             connection = await self._sync_one(server)  # follows configuration changes
         return await connection.request(
-            tool, lambda c, p, kept: send(c, tool, arguments, p, kept), progress, workspace
+            tool,
+            lambda c, p, kept: send(c, tool, arguments, p, kept),
+            progress,
+            workspace,
+            asker,
         )
 
     async def _sync_one(self, name: str) -> Connection:

@@ -31,6 +31,7 @@ from broker.config.mcp import McpServer
 from broker.config.settings import Settings
 from workers.tools.mcp.calls import McpError, OAuthRefused, Progress, describe, innermost, limited
 from workers.tools.mcp.catalog import Row, listing
+from workers.tools.mcp.elicit import ASKING, Asker
 from workers.tools.mcp.resources import ResourceCache
 
 log = logging.getLogger("clawq.mcp")
@@ -80,6 +81,7 @@ class Connection:
         self.bearer: Any = None  # the OAuth of the current session, if the server has it
         self.resources = ResourceCache()
         self.roots: list[str] = []  # the workspace of the latest call, offered as the root
+        self.askers: list[Asker] = []  # the calls in flight that may ask a person
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -120,6 +122,24 @@ class Connection:
             roots=[mcp_types.Root(uri=Path(r).as_uri(), name=Path(r).name) for r in self.roots]
         )
 
+    async def _elicit(self, context: Any, params: Any) -> Any:
+        """A server asks a person during a call: the call's own task says which call (a
+        2026-07-28 server's question comes with the call's result); an older server asks
+        on the session's task, and the call is then the one in flight on this session (with
+        several in flight, it cannot be told which: declined)."""
+        import mcp_types
+
+        asker = ASKING.get()
+        if asker not in self.askers:
+            asker = self.askers[0] if len(self.askers) == 1 else None
+        if asker is None:
+            log.info(
+                "MCP server %s asked for input with %d calls in flight: declined",
+                self.config.name, len(self.askers),
+            )  # fmt: skip
+            return mcp_types.ElicitResult(action="decline")
+        return await asker.ask(params)
+
     async def _own(self, started: asyncio.Future[None]) -> None:
         """Hold the session until told to stop or until it dies."""
         from mcp import Client
@@ -132,6 +152,7 @@ class Connection:
                 client = Client(
                     transport,
                     list_roots_callback=self._list_roots,
+                    elicitation_callback=self._elicit,
                     message_handler=self.resources.on_message,
                 )
                 self.client = await stack.enter_async_context(client)
@@ -266,23 +287,33 @@ class Connection:
         send: Callable[[Any, Progress, ResourceCache], Awaitable[Any]],
         progress: Progress | None = None,
         workspace: str = "",
+        asker: Asker | None = None,
     ) -> Any:
         """One request on the session (`send(client, on_progress, resources)`), within the
         server's idle and total limits; a dead session is reconnected, and the error says
-        so."""
+        so. `asker`: the call's way to a person, should the server ask for input."""
         idle, total = self.config.limits(self.settings)
         client = await self.session(min(total, CONNECT_TIMEOUT_S))
         with contextlib.suppress(Exception):  # roots are a courtesy; the call goes on
             await self.offer_root(workspace)
+        if asker is not None:
+            self.askers.append(asker)
+        token = ASKING.set(asker)
         try:
-            return await limited(
-                self.config.name,
-                label,
-                lambda p: send(client, p, self.resources),
-                idle,
-                total,
-                progress,
-            )
+            try:
+                return await limited(
+                    self.config.name,
+                    label,
+                    lambda p: send(client, p, self.resources),
+                    idle,
+                    total,
+                    progress,
+                    asker,
+                )
+            finally:  # before a reconnection below: that task is no call's
+                ASKING.reset(token)
+                if asker is not None:
+                    self.askers.remove(asker)
         except McpError as exc:
             if exc.lost:
                 self.lost(exc.lost)

@@ -40,6 +40,7 @@ class McpTool(Tool[McpInput]):
 
     def run(self, args: McpInput, ctx: ToolContext) -> ToolResult:
         from workers.tools.mcp.client import McpError, manager_for_process
+        from workers.tools.mcp.elicit import Asker
         from workers.tools.mcp.results import to_result
 
         if ctx.store is None:
@@ -56,6 +57,7 @@ class McpTool(Tool[McpInput]):
                 progress=progress_events(ctx, self.name),
                 workspace=ctx.context.workspace,
                 cancelled=ctx.cancelled,
+                asker=Asker(ctx, self.name, self.mcp_server),
             )
         except McpError as exc:
             raise ToolError(str(exc)) from None
