@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any, get_args
+from typing import Any, Unpack, get_args
 
 import redis
 
@@ -28,6 +28,7 @@ from broker.config.live import TOPIC as LIVE_TOPIC
 from broker.config.live import LiveConfigStore, effective
 from broker.config.policy import PermissionMode, PermissionRules
 from broker.config.settings import Settings
+from broker.errors import NotFound
 from broker.pg.store import Store
 from broker.protocol import (
     AGENT_RUN_TASK,
@@ -36,17 +37,27 @@ from broker.protocol import (
     Event,
     JobResult,
     JobSpec,
+    ReplayOf,
     Subagent,
 )
 from broker.redis import changes, events
+from broker.redis.budget import usage_of
 from broker.redis.control import cancel_jobs
 from broker.stores.custom_tools import TOPIC as CUSTOM_TOPIC
 from orchestrator.admin.custom_tools import CustomAdmin
 from orchestrator.admin.mcp import McpAdmin
+from orchestrator.admin.replay import (
+    ReplayDiff,
+    ReplayOptions,
+    diff,
+    original_spec,
+    replay_kwargs,
+    sandbox_copy,
+)
 from orchestrator.calls.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
 from orchestrator.calls.rules import RuleError, rules_from
 from orchestrator.calls.tenancy import check, workspace_for
-from orchestrator.client.base import Client, ClientError, Job, NotNow
+from orchestrator.client.base import Client, ClientError, Job, NotNow, ReplayChanges
 from orchestrator.providers.base import ModelError
 from orchestrator.providers.scripted import parse_script
 
@@ -91,8 +102,6 @@ class LocalJob(Job):
                     break
 
     def result(self) -> JobResult:
-        from broker.redis.budget import usage_of
-
         result = self.client.store.job_result(self.id)
         if result is None:
             raise ClientError(f"no job {self.id}")
@@ -194,6 +203,7 @@ class LocalClient(Client, kind="local"):
         chat_id: str = "",
         budget: dict[str, Any] | None = None,
         admin: bool = True,
+        replay: ReplayOf | None = None,
     ) -> LocalJob:
         """Store the job and queue its agent run; returns at once.
 
@@ -243,6 +253,7 @@ class LocalClient(Client, kind="local"):
             chat_id=chat_id,
             budget=budget,
             admin=admin,
+            replay=replay,
         )
         if not admin:
             settings = self.live_settings()
@@ -257,6 +268,49 @@ class LocalClient(Client, kind="local"):
             AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
         )
         return LocalJob(self, job_id)
+
+    def replay(
+        self,
+        job_id: str,
+        *,
+        user: str = "",
+        admin: bool = True,
+        new_id: str = "",
+        **changes: Unpack[ReplayChanges],
+    ) -> LocalJob:
+        """Run a recorded job again as a new job marked `replay_of` it: each call the
+        original made is answered from its ledger, and runs nothing; what it never made
+        runs only if it reads (`effects="sandbox"`: anything, against a copy of the
+        workspace made now). `changes`: model, script, system, allow, ask, deny, agent,
+        effects. `replay_diff(job.id)` compares the two once it ended."""
+        options = ReplayOptions.model_validate(changes)
+        original = original_spec(self.store.job(job_id), job_id)
+        if not admin and original.user_id != user:
+            raise NotFound(f"no job {job_id}")
+        new_id = new_id or uuid.uuid4().hex
+        of = ReplayOf(job_id=job_id, effects=options.effects)
+        if options.effects == "sandbox":
+            of.sandbox = sandbox_copy(self.settings, original.workspace, new_id)
+        return self.submit(
+            original.prompt,
+            **replay_kwargs(original, options),
+            user=original.user_id,
+            admin=admin,
+            job_id=new_id,
+            replay=of,
+        )
+
+    def replay_diff(self, replay_id: str) -> ReplayDiff:
+        """How a replay's run differs from its original's (each as it stands)."""
+        row = self.store.job(replay_id)
+        spec = JobSpec.model_validate(row["spec"]) if row else None
+        if row is None or spec is None or spec.replay is None:
+            raise NotFound(f"no replay {replay_id}")
+        original = self.store.job(spec.replay.job_id)
+        if original is None:
+            raise NotFound(f"no job {spec.replay.job_id}")
+        usages = (usage_of(self.redis, original["id"]), usage_of(self.redis, replay_id))
+        return diff(self.store.conn, original, row, usages)
 
     def live_settings(self) -> Settings:
         """The settings in force: the environment's with the applied live configuration

@@ -23,7 +23,8 @@ from broker.stores.custom_tools import CustomTool
 from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
 from orchestrator.admin.definitions import read_definition
 from orchestrator.admin.mcp_login import LoginStart
-from orchestrator.client.base import Client, ClientError, Job, JobOptions
+from orchestrator.admin.replay import ReplayDiff
+from orchestrator.client.base import Client, ClientError, Job, JobOptions, ReplayChanges
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -239,6 +240,15 @@ class RemoteClient(Client, kind="remote"):
 
     def job(self, job_id: str) -> RemoteJob:
         return RemoteJob(self, job_id)
+
+    def replay(self, job_id: str, **changes: Unpack[ReplayChanges]) -> RemoteJob:
+        """Run a recorded job again, its calls answered from its ledger (`Client.replay`)."""
+        found = _check(self.http.post(f"/v1/jobs/{job_id}/replay", json=dict(changes)))
+        return RemoteJob(self, found.json()["job_id"])
+
+    def replay_diff(self, replay_id: str) -> ReplayDiff:
+        """How a replay differs from its original."""
+        return ReplayDiff.model_validate(_check(self.http.get(f"/v1/jobs/{replay_id}/diff")).json())
 
     @property
     def mcp(self) -> RemoteMcp:

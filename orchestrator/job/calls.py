@@ -107,7 +107,16 @@ class JobCalls(JobTranscript):
             return None
         return str(pin["queue"]), proc
 
-    async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
+    async def dispatch(self, turn: int, ready: Ready, index: int = 0) -> CallOutcome:
+        """A call the gate allowed: sent to its queue, or, in a replay, through the replay
+        layer first (`orchestrator.calls.replay`), which answers what the original did."""
+        if self.replay is not None:
+            return await self.replay.through(self, turn, index, ready)
+        return await self.send(turn, ready)
+
+    async def send(self, turn: int, ready: Ready, workspace: str = "") -> CallOutcome:
+        """Send the call to its queue (`workspace`: another than the job's, a replay's
+        sandbox) and await its outcome."""
         async with self.parallel:
             timeout = ready.tool.timeout(ready.args, self.s.settings)
             queue = ready.tool.route(ready.args) or ready.tool.group.value
@@ -123,7 +132,7 @@ class JobCalls(JobTranscript):
                 task=ready.tool.task,
                 input=ready.args.model_dump(mode="json", exclude_unset=True),
                 context=CallContext(
-                    workspace=self.spec.workspace,
+                    workspace=workspace or self.spec.workspace,
                     user_id=self.spec.user_id,
                     agent_id=self.spec.agent_id,
                     channel=self.spec.channel,

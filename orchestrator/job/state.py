@@ -29,6 +29,7 @@ from orchestrator.calls.dispatch import Dispatcher
 from orchestrator.calls.gate import Gate
 from orchestrator.calls.hooks import Hooks
 from orchestrator.calls.policy import PolicyEngine
+from orchestrator.calls.replay import Replay
 from orchestrator.conversation import Message
 from orchestrator.job.tools import CustomCatalog
 from orchestrator.job.turn import TurnCalls
@@ -98,6 +99,7 @@ class JobState:
         self.chain: list[Any] = []  # the rest of its task graph (a subagent's announce step)
         self.registry, self.policy = services.registry, services.policy  # + its MCP tools
         self.system = spec.system  # + its agent's context files (load_tools)
+        self.replay: Replay | None = None  # a replay's layer over the original's ledger
 
     async def emit(self, type_: EventType, **data: Any) -> None:
         """Emit now (after what is pending, in order)."""

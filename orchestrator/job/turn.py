@@ -75,7 +75,7 @@ class TurnCalls:
         if index in self.outcomes:  # stopped before it started
             return
         self.sent.add(index)
-        outcome = await self.run.dispatch(self.turn, ready)
+        outcome = await self.run.dispatch(self.turn, ready, index)
         self.outcomes.setdefault(index, outcome)
         # the turn's last call: its event goes out with the job's next round trip (the
         # next turn's start, or the job's end), right after the turn is recorded
