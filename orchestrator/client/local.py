@@ -44,7 +44,9 @@ from broker.redis import changes, events
 from broker.redis.budget import usage_of
 from broker.redis.control import cancel_jobs
 from broker.stores.custom_tools import TOPIC as CUSTOM_TOPIC
+from broker.stores.replay import copy_session
 from orchestrator.admin.custom_tools import CustomAdmin
+from orchestrator.admin.fork import Fork, find_point, fork_workspace, prepare
 from orchestrator.admin.mcp import McpAdmin
 from orchestrator.admin.replay import (
     ReplayDiff,
@@ -261,12 +263,7 @@ class LocalClient(Client, kind="local"):
             check(spec, settings)
         job_id = job_id or uuid.uuid4().hex
         self.store.create_job(job_id, session_id=job_id, spec=spec, user_id=user)
-        events.emit_sync(
-            self.redis, Event(type="job_queued", job_id=job_id), self.settings.events_ttl_s
-        )
-        self.app.send_task(
-            AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
-        )
+        self.queue_run(job_id)
         return LocalJob(self, job_id)
 
     def replay(
@@ -298,6 +295,78 @@ class LocalClient(Client, kind="local"):
             admin=admin,
             job_id=new_id,
             replay=of,
+        )
+
+    def fork(
+        self,
+        job_id: str,
+        at: int,
+        *,
+        message: str = "",
+        workspace: str = "",
+        model: str = "",
+        script: dict[str, Any] | None = None,
+        user: str = "",
+        admin: bool = True,
+        new_id: str = "",
+    ) -> Fork:
+        """A new job in a new session that goes on from a recorded job's turn `at`
+        (1-based): its transcript up to there (then `message`, if given, as the next user
+        input), in a copy of its workspace as it was after that turn (`workspace`: where;
+        default beside the original). Changes no checkpoint covers (exec) are not undone:
+        `Fork.untracked` names them. `model` and `script` go on instead of the
+        original's (a script's turns count from the job's first: the fork asks it for
+        turn `at + 1`). The job is queued at once."""
+        original = original_spec(self.store.job(job_id), job_id)
+        if not admin and original.user_id != user:
+            raise NotFound(f"no job {job_id}")
+        if at < 1:
+            raise ClientError("a fork goes on after a turn: --at 1 or more")
+        if workspace and not os.path.isabs(workspace) and admin:
+            raise ClientError(f"workspace must be an absolute path, got '{workspace}'")
+        upto = find_point(self.store.conn, job_id, at)
+        new_id = new_id or uuid.uuid4().hex
+        if not admin:
+            settings = self.live_settings()
+            wanted = workspace or fork_workspace(original.workspace, new_id)
+            workspace = workspace_for(settings, user, wanted)
+        spec, report = prepare(
+            self.store.conn, self.settings, original, job_id, new_id, at, workspace
+        )
+        if message:
+            spec.prompt = message
+        if model:
+            spec.model, spec.script = model, None
+        if script is not None:
+            try:
+                parse_script(script)
+            except ModelError as exc:
+                raise ClientError(str(exc)) from None
+            spec.script = script
+        if not admin:
+            check(spec, self.live_settings())
+        copy_session(
+            self.store.conn,
+            job_id,
+            new_id,
+            new_id,
+            spec.model_dump(),
+            original.user_id,
+            original.agent_id,
+            upto,
+            at,
+            message,
+        )
+        self.queue_run(new_id)
+        return report
+
+    def queue_run(self, job_id: str) -> None:
+        """The stored job's agent run, on the agents queue."""
+        events.emit_sync(
+            self.redis, Event(type="job_queued", job_id=job_id), self.settings.events_ttl_s
+        )
+        self.app.send_task(
+            AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
         )
 
     def replay_diff(self, replay_id: str) -> ReplayDiff:
