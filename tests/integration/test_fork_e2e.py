@@ -15,7 +15,8 @@ from tests.integration.conftest import Cluster, call, script, start_cluster
 TURNS = [
     {"text": "1", "tool_calls": [call("t1", "write_file", path="a.txt", content="a1")]},
     {"text": "2", "tool_calls": [call("t2", "write_file", path="sub/b.txt", content="b1")]},
-    {"text": "3", "tool_calls": [call("t3", "edit_file", path="a.txt", old_string="a1", new_string="a2")]},
+    {"text": "3", "tool_calls": [call("t3", "edit_file", path="a.txt", old_string="a1",
+                                      new_string="a2")]},
     {"text": "4", "tool_calls": [call("t4", "exec", command="echo x >> log.txt")]},
     {"text": "5", "tool_calls": [call("t5", "write_file", path="c.txt", content="c1")]},
     {
