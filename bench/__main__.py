@@ -8,9 +8,10 @@
 ... and (d) to (h) below; (i) to (k), a turn through the whole system and many jobs on one
 and two orchestrators, are `bench/hotpath.py`; (l), the cost of confinement, is
 `bench/confinement.py`; (m) to (q) are bench/web.py, api.py, memory.py, ui.py and
-messaging.py; (r), MCP progress, is bench/mcp_progress.py. `python -m bench NAME …` runs
-sections alone: calls ((a), (b)), hotpath ((i) to (k)), turn ((i)), jobs ((j), (k)),
-confinement, web, api, memory, ui, messaging, mcp-progress.
+messaging.py; (r), MCP progress, is bench/mcp_progress.py; (s), a replay against its
+original, is bench/replay.py. `python -m bench NAME …` runs sections alone: calls ((a),
+(b)), hotpath ((i) to (k)), turn ((i)), jobs ((j), (k)), confinement, web, api, memory,
+ui, messaging, mcp-progress, replay.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -38,7 +39,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import api, confinement, hotpath, mcp_progress, memory, messaging, ui, web
+from bench import api, confinement, hotpath, mcp_progress, memory, messaging, replay, ui, web
 from broker import keys
 from broker.config.settings import Settings
 from broker.pg.store import Store
@@ -646,6 +647,7 @@ def main() -> None:
                 "ui": lambda: ui.run(console, bench, process, wait_for),
                 "messaging": lambda: messaging.run(console, bench, process, wait_for),
                 "mcp-progress": lambda: mcp_progress.run(console, bench, process, wait_for),
+                "replay": lambda: replay.run(console, bench, process, wait_for),
                 "calls": lambda: calls(bench),
                 "hotpath": lambda: hotpath.run(console, bench, process, wait_for),
                 "turn": lambda: hotpath.run(console, bench, process, wait_for, "i"),
@@ -761,6 +763,7 @@ def main() -> None:
         ui.run(console, bench, process, wait_for)
         messaging.run(console, bench, process, wait_for)
         mcp_progress.run(console, bench, process, wait_for)
+        replay.run(console, bench, process, wait_for)
     finally:
         bench.close()
 
