@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster, call, script, start_cluster
+from tests.integration.conftest import Cluster, call, script, serve_api, start_cluster
 
 USAGE = {"input": 120, "output": 30}
 
@@ -162,3 +162,43 @@ def test_a_replay_under_another_policy_shows_the_changed_decisions(
     assert changed == {f"x{i}" for i in range(1, 19, 4)}
     assert all(c.decision and c.decision.replay.startswith("deny:") for c in diff.decisions)
     assert diff.sources["refused"] == 5
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Iterator[str]:
+    yield from serve_api(cluster)
+
+
+def test_replay_and_fork_over_the_api_for_the_jobs_owner_only(cluster: Cluster, api: str) -> None:
+    from broker.stores.api_keys import ApiKeyStore
+    from orchestrator.client import Client, ClientError
+
+    store = ApiKeyStore(cluster.client.store)
+    alice = Client(api_url=api, api_key=store.create("alice")[1])
+    bob = Client(api_url=api, api_key=store.create("bob")[1])
+    try:
+        ws = Path(tempfile.mkdtemp(prefix="replay-api-"))
+        turns = [
+            {"tool_calls": [call("a", "write_file", path="a.txt", content="1")]},
+            {"tool_calls": [call("b", "edit_file", path="a.txt", old_string="1", new_string="2")]},
+            {"text": "ok"},
+        ]
+        job = alice.submit("two steps", workspace=str(ws), script=script(*turns))
+        assert job.wait(timeout=60).status == "completed"
+        replayed = alice.replay(job.id)
+        assert replayed.wait(timeout=60).status == "completed"
+        diff = alice.replay_diff(replayed.id)
+        assert diff.identical and diff.original_id == job.id and diff.sources == {"ledger": 2}
+        made = alice.fork(job.id, 1, script=script({"text": "-"}, {"text": "forked"}))
+        assert alice.job(made.job_id).wait(timeout=60).final_text == "forked"
+        assert Path(made.workspace, "a.txt").read_text() == "1" and made.restored == ["a.txt"]
+        assert (ws / "a.txt").read_text() == "2"
+        with pytest.raises(ClientError, match="404"):
+            bob.replay(job.id)
+        with pytest.raises(ClientError, match="404"):
+            bob.fork(job.id, 1)
+        with pytest.raises(ClientError, match="no replay"):
+            alice.replay_diff(job.id)
+    finally:
+        alice.close()
+        bob.close()
