@@ -202,3 +202,31 @@ def test_replay_and_fork_over_the_api_for_the_jobs_owner_only(cluster: Cluster, 
     finally:
         alice.close()
         bob.close()
+
+
+def test_clawq_replay_prints_the_diff_as_json_and_as_a_view(
+    cluster: Cluster, recorded: tuple[str, Path]
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    original, _ = recorded
+    env = {**os.environ, **cluster.env}
+    cli = [sys.executable, "-m", "orchestrator.cli", "replay", original]
+    out = subprocess.run([*cli, "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    diff = json.loads(out.stdout)
+    assert diff["identical"] and diff["original_id"] == original and diff["tools_run"] == 0
+    script_file = Path(tempfile.mkdtemp()) / "s.json"
+    script_file.write_text(json.dumps(changed_at_10()))
+    view = subprocess.run(
+        [*cli, "--script", str(script_file), "--check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert view.returncode == 1  # --check: it differs
+    assert "diverged at turn 10" in view.stdout and "blocked" in view.stdout
+    assert "calls: blocked 1, ledger 23, not made 1, ran 1; tools run: 1" in view.stdout
