@@ -9,9 +9,10 @@
 and two orchestrators, are `bench/hotpath.py`; (l), the cost of confinement, is
 `bench/confinement.py`; (m) to (q) are bench/web.py, api.py, memory.py, ui.py and
 messaging.py; (r), MCP progress, is bench/mcp_progress.py; (s), jobs waiting for a
-person, held in memory or parked, is bench/parked.py. `python -m bench NAME …` runs
-sections alone: calls ((a), (b)), hotpath ((i) to (k)), turn ((i)), jobs ((j), (k)),
-confinement, web, api, memory, ui, messaging, mcp-progress, parked.
+person, held in memory or parked, is bench/parked.py; (t), a replay against its original,
+is bench/replay.py. `python -m bench NAME …` runs sections alone: calls ((a), (b)),
+hotpath ((i) to (k)), turn ((i)), jobs ((j), (k)), confinement, web, api, memory, ui,
+messaging, mcp-progress, parked, replay.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -39,7 +40,18 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from bench import api, confinement, hotpath, mcp_progress, memory, messaging, parked, ui, web
+from bench import (
+    api,
+    confinement,
+    hotpath,
+    mcp_progress,
+    memory,
+    messaging,
+    parked,
+    replay,
+    ui,
+    web,
+)
 from broker import keys
 from broker.config.settings import Settings
 from broker.pg.store import Store
@@ -649,6 +661,7 @@ def main() -> None:
                 "messaging": lambda: messaging.run(console, bench, process, wait_for),
                 "mcp-progress": lambda: mcp_progress.run(console, bench, process, wait_for),
                 "parked": lambda: parked.run(console, bench, process, wait_for),
+                "replay": lambda: replay.run(console, bench, process, wait_for),
                 "calls": lambda: calls(bench),
                 "hotpath": lambda: hotpath.run(console, bench, process, wait_for),
                 "turn": lambda: hotpath.run(console, bench, process, wait_for, "i"),
@@ -765,6 +778,7 @@ def main() -> None:
         messaging.run(console, bench, process, wait_for)
         mcp_progress.run(console, bench, process, wait_for)
         parked.run(console, bench, process, wait_for)
+        replay.run(console, bench, process, wait_for)
     finally:
         bench.close()
 

@@ -3,8 +3,9 @@ call asks for approval, on one orchestrator process allowed to run them all, in 
 in the same bench: held in memory while they wait (clawq before issue 31: `park_after_s`
 never reached) and parked (`park_after_s` 0.5). They come in waves of `BENCH_PARKED_WAVE`
 (200), each once the last is waiting, as people's approvals pile up over hours. For each
-run, the orchestrator's RSS with every job waiting against its RSS at rest (after a wave
-of such jobs waited, was answered and ended: a process that has worked), and its peak; then
+run, the orchestrator's RSS with every job waiting (and with a tenth of them) against its
+RSS at rest (after three waves of such jobs waited, were answered and ended: a process that
+has worked under that load), and its peak; then
 `BENCH_PARKED_ANSWERS` of the jobs answered one at a time: the time from the answer to
 the job's next model turn (`turn_started`), which a parked job reaches through the
 agents queue and its transcript.
@@ -31,9 +32,10 @@ from broker.protocol import JobSpec
 
 JOBS = int(os.environ.get("BENCH_PARKED_JOBS", "10000"))
 WAVE = int(os.environ.get("BENCH_PARKED_WAVE", "200"))  # jobs arriving together
+WARM_WAVES = 3
 ANSWERS = int(os.environ.get("BENCH_PARKED_ANSWERS", "20"))
 PY = sys.executable
-SKIP = os.environ.get("BENCH_PARKED_SKIP", "")  # "held": the parked run alone
+SKIP = os.environ.get("BENCH_PARKED_SKIP", "")  # "held" or "parked": the other run alone
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -91,9 +93,13 @@ def one_run(bench: Any, process: Any, wait_for: Callable[..., None], park: bool)
     ):
         wait_for(bench.workers_ready("fs", 1))
         wait_for(lambda: hotpath.orchestrators(bench) >= 1)
-        # at rest: a process that has had a wave of such jobs wait, answered and ended
-        warm = hotpath.submit_many(bench, [spec] * WAVE)
-        wait_for(lambda: waiting(bench, park) >= WAVE, timeout=600)
+        # at rest: a process that has had such jobs come as they will (WARM_WAVES waves
+        # one after the other), wait, be answered and end
+        warm: list[str] = []
+        for _ in range(WARM_WAVES):
+            warm += hotpath.submit_many(bench, [spec] * WAVE)
+            warm_end = len(warm)
+            wait_for(lambda: waiting(bench, park) >= warm_end, timeout=600)  # noqa: B023
         with Client(bench.settings) as client, psycopg.connect(bench.database_url) as conn:
             asked = conn.execute("SELECT id, job_id FROM approvals").fetchall()
             for request_id, job_id in asked:
@@ -103,10 +109,14 @@ def one_run(bench: Any, process: Any, wait_for: Callable[..., None], park: bool)
         idle = rss_mb(orch.pid)
         started = time.perf_counter()
         ids: list[str] = []
+        tenth = 0.0
         while len(ids) < JOBS:
             ids += hotpath.submit_many(bench, [spec] * min(WAVE, JOBS - len(ids)))
             wave_end = len(ids)
             wait_for(lambda: waiting(bench, park) >= wave_end, timeout=600)  # noqa: B023
+            if not tenth and len(ids) >= JOBS // 10:
+                time.sleep(3.0)
+                tenth = rss_mb(orch.pid)
         took = time.perf_counter() - started
         time.sleep(3.0)  # what settles after the last one
         held = rss_mb(orch.pid)
@@ -126,6 +136,7 @@ def one_run(bench: Any, process: Any, wait_for: Callable[..., None], park: bool)
     return {
         "idle_mb": idle,
         "waiting_mb": held,
+        "tenth_mb": tenth,
         "peak_mb": peak,
         "to_wait_s": took,
         "p50_ms": statistics.median(latencies) * 1e3,
@@ -135,7 +146,7 @@ def one_run(bench: Any, process: Any, wait_for: Callable[..., None], park: bool)
 
 def run(console: Console, bench: Any, process: Any, wait_for: Callable[..., None]) -> None:
     held = one_run(bench, process, wait_for, park=False) if "held" not in SKIP else {}
-    parked = one_run(bench, process, wait_for, park=True)
+    parked = one_run(bench, process, wait_for, park=True) if "parked" not in SKIP else {}
     hotpath.reset(bench)
     table = Table(
         title=f"(s) {JOBS} jobs waiting for an approval on one orchestrator (in waves of "
@@ -144,6 +155,7 @@ def run(console: Console, bench: Any, process: Any, wait_for: Callable[..., None
     for col in (
         "jobs",
         "RSS at rest MB",
+        f"RSS {JOBS // 10} waiting MB",
         "RSS all waiting MB",
         "vs at rest",
         "peak MB",
@@ -152,11 +164,12 @@ def run(console: Console, bench: Any, process: Any, wait_for: Callable[..., None
         "max ms",
     ):
         table.add_column(col, justify="right")
-    runs = (("held in memory (before issue 31)", held), ("parked", parked)) if held else ()
-    for name, r in runs or (("parked", parked),):
+    runs = [("held in memory (before issue 31)", held), ("parked", parked)]
+    for name, r in [(n, r) for n, r in runs if r]:
         table.add_row(
             name,
             f"{r['idle_mb']:.0f}",
+            f"{r['tenth_mb']:.0f}",
             f"{r['waiting_mb']:.0f}",
             f"{r['waiting_mb'] / r['idle_mb']:.2f}x",
             f"{r['peak_mb']:.0f}",

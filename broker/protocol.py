@@ -142,6 +142,25 @@ FINAL_STATUSES: frozenset[str] = frozenset(
 )
 
 
+class ReplayOf(BaseModel):
+    """A replay: its calls that match the original's are answered from the original's
+    ledger (orchestrator/calls/replay.py)."""
+
+    job_id: str
+    effects: Literal["block", "sandbox"] = "block"
+    # effects "sandbox": the copy of the workspace, made as the replay was submitted, that
+    # the calls the original never made run against
+    sandbox: str = ""
+
+
+class ForkOf(BaseModel):
+    """A fork: a new job whose session starts with the original's transcript up to a turn."""
+
+    job_id: str
+    turn: int
+    untracked: list[str] = Field(default_factory=list, description="changes not undone")
+
+
 class JobSpec(BaseModel):
     """Everything needed to run a job; stored in PostgreSQL, referenced by id on the queue."""
 
@@ -177,6 +196,8 @@ class JobSpec(BaseModel):
     # agent's choice, else the settings'); 0 s: as long as it takes
     approval_timeout_s: float | None = Field(None, ge=0)
     on_timeout: Literal["deny", "cancel"] | None = None
+    replay: ReplayOf | None = None
+    fork: ForkOf | None = None
 
 
 class Subagent(BaseModel):

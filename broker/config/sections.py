@@ -353,6 +353,23 @@ class Artifacts(BaseModel):
     artifact_max_bytes: int = Field(50 * 1024 * 1024, ge=1024)
 
 
+class Replays(BaseModel):
+    # replays, forks and evals of recorded jobs (issue 34)
+    checkpoints: bool = Field(
+        True, description="write_file and edit_file keep the prior version (forks restore it)"
+    )
+    checkpoint_retention_s: int = Field(
+        30 * 24 * 3600, ge=60, description="how long a prior version is kept"
+    )
+    checkpoint_max_bytes: int = Field(
+        4 * 1024 * 1024, ge=0, description="a larger file is changed without a checkpoint"
+    )
+    replay_sandbox_dir: str = Field(
+        "", description="where `--effects sandbox` copies workspaces; '': <tmp>/clawq-replays"
+    )
+    eval_parallel: int = Field(8, ge=1, description="an eval suite's cases running at once")
+
+
 class Browser(BaseModel):
     # the browser (group ui): Playwright driving the system's Chromium, a context per session
     browser_executable: str = Field("/usr/bin/chromium", description="no browser is downloaded")

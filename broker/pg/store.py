@@ -40,9 +40,9 @@ INSERT_SESSION = (
     "INSERT INTO sessions (id, agent_id, user_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 )
 INSERT_JOB = (
-    "INSERT INTO jobs (id, session_id, status, spec, parent_id, root_id, parent_session)"
-    " VALUES (%s, %s, 'queued', %s, nullif(%s, ''), nullif(%s, ''), nullif(%s, ''))"
-    " ON CONFLICT (id) DO NOTHING"
+    "INSERT INTO jobs (id, session_id, status, spec, parent_id, root_id, parent_session,"
+    " replay_of, forked_from) VALUES (%s, %s, 'queued', %s, nullif(%s, ''), nullif(%s, ''),"
+    " nullif(%s, ''), %s, %s) ON CONFLICT (id) DO NOTHING"
 )
 SELECT_JOB = (
     "SELECT id, session_id, status, spec, final_text, error, iterations, chain FROM jobs"
@@ -146,6 +146,8 @@ def _job_params(job_id: str, session_id: str, spec: JobSpec) -> tuple[Any, ...]:
         spec.parent_id,
         spec.root_id,
         spec.parent_session,
+        spec.replay.job_id if spec.replay else None,
+        spec.fork.job_id if spec.fork else None,
     )
 
 

@@ -79,7 +79,10 @@ class ArtifactStore:
         width: int | None = None,
         height: int | None = None,
         duration_s: float | None = None,
+        retention_s: int | None = None,
     ) -> Artifact:
+        """Store `data` once by its hash (`retention_s`: kept this long instead of
+        `artifact_retention_s`)."""
         if len(data) > self.settings.artifact_max_bytes:
             raise ArtifactError(
                 f"an artifact of {len(data)} bytes is over the {self.settings.artifact_max_bytes}"
@@ -110,7 +113,7 @@ class ArtifactStore:
                 user_id,
                 session_id,
                 job_id,
-                self.settings.artifact_retention_s,
+                retention_s or self.settings.artifact_retention_s,
             ),
         ).fetchone()
         return Artifact.model_validate(row)

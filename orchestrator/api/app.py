@@ -24,7 +24,17 @@ from broker.errors import RequestError, Unavailable
 from broker.pg.store import Store, async_pool
 from broker.redis.connections import reconnecting_redis
 from broker.redis.ratelimit import RateLimiter
-from orchestrator.api import artifacts, canvas, custom_tools, jobs, mcp, requests, requests_chat
+from orchestrator.api import (
+    artifacts,
+    canvas,
+    custom_tools,
+    fork,
+    jobs,
+    mcp,
+    replay,
+    requests,
+    requests_chat,
+)
 from orchestrator.api.deps import Services
 from orchestrator.api.streams import EventHub
 
@@ -85,6 +95,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(canvas.router)
     app.include_router(requests.router)
     app.include_router(requests_chat.router)
+    app.include_router(replay.router)
+    app.include_router(fork.router)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError) -> JSONResponse:

@@ -98,7 +98,7 @@ def owned_job(job_id: Id, caller: Caller, svc: Svc) -> dict[str, Any]:
 OwnedJob = Annotated[dict[str, Any], Depends(owned_job)]
 
 
-def _running_guard(svc: Services, caller: Any, job_id: str) -> None:
+def running_guard(svc: Services, caller: Any, job_id: str) -> None:
     """At most `CLAWQ_API_MAX_RUNNING_JOBS` unfinished jobs per key, counted in Redis
     (finished ones are dropped from the count as it is read)."""
     client = svc.client()
@@ -130,7 +130,7 @@ def submit(body: SubmitJob, caller: Caller, svc: Svc) -> Submitted:
     if caller.admin and not os.path.isabs(workspace):
         workspace = os.path.join(svc.settings.workspace_root, caller.user_id, workspace)
     job_id = uuid.uuid4().hex
-    _running_guard(svc, caller, job_id)
+    running_guard(svc, caller, job_id)
     job = svc.client().submit(
         body.prompt,
         admin=caller.admin,

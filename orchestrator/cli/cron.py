@@ -1,5 +1,5 @@
 """`clawq cron …`: scheduled agent jobs for people, beside the cron tool agents use (the
-same rows: broker/stores/cron.py). An entry made here is an operator's: its runs carry the
+same rows: broker/stores/cron/). An entry made here is an operator's: its runs carry the
 rules given here (`--allow`, …), as a run of the tool carries its job's."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from broker.config.settings import Settings
 from broker.errors import Invalid
 from broker.stores.cron import CronJob, CronRules, CronStore
-from broker.stores.cron_schedule import Schedule, describe, upcoming
+from broker.stores.cron.schedule import Schedule, describe, upcoming
 from orchestrator.cli.common import database, json_option, refused_as_usage, table
 
 

@@ -19,6 +19,9 @@ from orchestrator.cli.memory import context, memory
 from orchestrator.cli.ops import health, migrate, status
 from orchestrator.cli.processes import api, flower, orchestrator, worker
 from orchestrator.cli.requests import answer, requests_
+from orchestrator.cli.rerun.evals import evals
+from orchestrator.cli.rerun.fork import fork
+from orchestrator.cli.rerun.replay import replay
 from orchestrator.cli.tools import tools
 
 
@@ -41,7 +44,7 @@ def main() -> None:
 for command in (
     worker, orchestrator, api, flower, up, demo, status, run, approve, steer, cancel,
     secret_key, config, dlq, memory, context, mcp, tools, keys, cron, canvas, health,
-    migrate, requests_, answer,
+    migrate, requests_, answer, replay, fork, evals,
 ):  # fmt: skip
     main.add_command(command)
 

@@ -43,6 +43,19 @@ class JobOptions(TypedDict, total=False):
     on_timeout: str | None
 
 
+class ReplayChanges(TypedDict, total=False):
+    """What a replay may change of the original (`Client.replay`'s keywords)."""
+
+    model: str
+    script: dict[str, Any] | None
+    system: str
+    allow: list[str]
+    ask: list[str]
+    deny: list[str]
+    agent: str
+    effects: str  # block (the default) or sandbox
+
+
 class Job(ABC):
     """A handle on one submitted job. `Job(client, job_id)` is the handle of that client's
     kind (as `client.job(job_id)`)."""

@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any, get_args
+from typing import Any, Unpack, get_args
 
 import redis
 
@@ -28,6 +28,7 @@ from broker.config.live import TOPIC as LIVE_TOPIC
 from broker.config.live import LiveConfigStore, effective
 from broker.config.policy import PermissionMode, PermissionRules
 from broker.config.settings import Settings
+from broker.errors import NotFound
 from broker.pg.store import Store
 from broker.protocol import (
     AGENT_RUN_TASK,
@@ -36,19 +37,31 @@ from broker.protocol import (
     Event,
     JobResult,
     JobSpec,
+    ReplayOf,
     Subagent,
 )
 from broker.redis import changes, events
+from broker.redis.budget import usage_of
 from broker.redis.control import cancel_jobs
 from broker.stores import requests
 from broker.stores.custom_tools import TOPIC as CUSTOM_TOPIC
+from broker.stores.replay import copy_session
 from broker.stores.requests import AnswerValue, BadAnswer, PersonRequest, content, given
 from orchestrator.admin.custom_tools import CustomAdmin
+from orchestrator.admin.fork import Fork, find_point, fork_workspace, prepare
 from orchestrator.admin.mcp import McpAdmin
+from orchestrator.admin.replay import (
+    ReplayDiff,
+    ReplayOptions,
+    diff,
+    original_spec,
+    replay_kwargs,
+    sandbox_copy,
+)
 from orchestrator.calls.approvals import ANSWERS, ApprovalAnswer, answer_key, publish_answer
 from orchestrator.calls.rules import RuleError, rules_from
 from orchestrator.calls.tenancy import check, workspace_for
-from orchestrator.client.base import Client, ClientError, Job, NotNow
+from orchestrator.client.base import Client, ClientError, Job, NotNow, ReplayChanges
 from orchestrator.providers.base import ModelError
 from orchestrator.providers.credentials import parse_chain
 from orchestrator.providers.scripted import parse_script
@@ -94,8 +107,6 @@ class LocalJob(Job):
                     break
 
     def result(self) -> JobResult:
-        from broker.redis.budget import usage_of
-
         result = self.client.store.job_result(self.id)
         if result is None:
             raise ClientError(f"no job {self.id}")
@@ -253,6 +264,7 @@ class LocalClient(Client, kind="local"):
         approval_timeout_s: float | None = None,
         on_timeout: str | None = None,
         admin: bool = True,
+        replay: ReplayOf | None = None,
     ) -> LocalJob:
         """Store the job and queue its agent run; returns at once.
 
@@ -308,6 +320,7 @@ class LocalClient(Client, kind="local"):
             approval_timeout_s=approval_timeout_s,
             on_timeout=on_timeout,
             admin=admin,
+            replay=replay,
         )
         if not admin:
             settings = self.live_settings()
@@ -315,13 +328,123 @@ class LocalClient(Client, kind="local"):
             check(spec, settings)
         job_id = job_id or uuid.uuid4().hex
         self.store.create_job(job_id, session_id=job_id, spec=spec, user_id=user)
+        self.queue_run(job_id)
+        return LocalJob(self, job_id)
+
+    def replay(
+        self,
+        job_id: str,
+        *,
+        user: str = "",
+        admin: bool = True,
+        new_id: str = "",
+        **changes: Unpack[ReplayChanges],
+    ) -> LocalJob:
+        """Run a recorded job again as a new job marked `replay_of` it: each call the
+        original made is answered from its ledger, and runs nothing; what it never made
+        runs only if it reads (`effects="sandbox"`: anything, against a copy of the
+        workspace made now). `changes`: model, script, system, allow, ask, deny, agent,
+        effects. `replay_diff(job.id)` compares the two once it ended."""
+        options = ReplayOptions.model_validate(changes)
+        original = original_spec(self.store.job(job_id), job_id)
+        if not admin and original.user_id != user:
+            raise NotFound(f"no job {job_id}")
+        new_id = new_id or uuid.uuid4().hex
+        of = ReplayOf(job_id=job_id, effects=options.effects)
+        if options.effects == "sandbox":
+            of.sandbox = sandbox_copy(self.settings, original.workspace, new_id)
+        return self.submit(
+            original.prompt,
+            **replay_kwargs(original, options),
+            user=original.user_id,
+            admin=admin,
+            job_id=new_id,
+            replay=of,
+        )
+
+    def fork(
+        self,
+        job_id: str,
+        at: int,
+        *,
+        message: str = "",
+        workspace: str = "",
+        model: str = "",
+        script: dict[str, Any] | None = None,
+        user: str = "",
+        admin: bool = True,
+        new_id: str = "",
+    ) -> Fork:
+        """A new job in a new session that goes on from a recorded job's turn `at`
+        (1-based): its transcript up to there (then `message`, if given, as the next user
+        input), in a copy of its workspace as it was after that turn (`workspace`: where;
+        default beside the original). Changes no checkpoint covers (exec) are not undone:
+        `Fork.untracked` names them. `model` and `script` go on instead of the
+        original's (a script's turns count from the job's first: the fork asks it for
+        turn `at + 1`). The job is queued at once."""
+        original = original_spec(self.store.job(job_id), job_id)
+        if not admin and original.user_id != user:
+            raise NotFound(f"no job {job_id}")
+        if at < 1:
+            raise ClientError("a fork goes on after a turn: --at 1 or more")
+        if workspace and not os.path.isabs(workspace) and admin:
+            raise ClientError(f"workspace must be an absolute path, got '{workspace}'")
+        upto = find_point(self.store.conn, job_id, at)
+        new_id = new_id or uuid.uuid4().hex
+        if not admin:
+            settings = self.live_settings()
+            wanted = workspace or fork_workspace(original.workspace, new_id)
+            workspace = workspace_for(settings, user, wanted)
+        spec, report = prepare(
+            self.store.conn, self.settings, original, job_id, new_id, at, workspace
+        )
+        if message:
+            spec.prompt = message
+        if model:
+            spec.model, spec.script = model, None
+        if script is not None:
+            try:
+                parse_script(script)
+            except ModelError as exc:
+                raise ClientError(str(exc)) from None
+            spec.script = script
+        if not admin:
+            check(spec, self.live_settings())
+        copy_session(
+            self.store.conn,
+            job_id,
+            new_id,
+            new_id,
+            spec.model_dump(),
+            original.user_id,
+            original.agent_id,
+            upto,
+            at,
+            message,
+        )
+        self.queue_run(new_id)
+        return report
+
+    def queue_run(self, job_id: str) -> None:
+        """The stored job's agent run, on the agents queue."""
         events.emit_sync(
             self.redis, Event(type="job_queued", job_id=job_id), self.settings.events_ttl_s
         )
         self.app.send_task(
             AGENT_RUN_TASK, kwargs={"job_id": job_id}, queue=AGENTS_QUEUE, task_id=job_id
         )
-        return LocalJob(self, job_id)
+
+    def replay_diff(self, replay_id: str) -> ReplayDiff:
+        """How a replay's run differs from its original's (each as it stands)."""
+        row = self.store.job(replay_id)
+        spec = JobSpec.model_validate(row["spec"]) if row else None
+        if row is None or spec is None or spec.replay is None:
+            raise NotFound(f"no replay {replay_id}")
+        original = self.store.job(spec.replay.job_id)
+        if original is None:
+            raise NotFound(f"no job {spec.replay.job_id}")
+        usages = (usage_of(self.redis, original["id"]), usage_of(self.redis, replay_id))
+        return diff(self.store.conn, original, row, usages)
 
     def resume(self, job_id: str) -> None:
         """Queue a parked job's run again (its last request was answered)."""

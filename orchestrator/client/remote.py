@@ -23,8 +23,10 @@ from broker.stores.custom_tools import CustomTool
 from broker.stores.mcp import AccessRequest, McpToolRow, ServerStatus
 from broker.stores.requests import AnswerValue, PersonRequest
 from orchestrator.admin.definitions import read_definition
+from orchestrator.admin.fork import Fork
 from orchestrator.admin.mcp_login import LoginStart
-from orchestrator.client.base import Client, ClientError, Job, JobOptions
+from orchestrator.admin.replay import ReplayDiff
+from orchestrator.client.base import Client, ClientError, Job, JobOptions, ReplayChanges
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -259,6 +261,32 @@ class RemoteClient(Client, kind="remote"):
         params = {"status": "pending", **({"user": user} if user else {})}
         found = _check(self.http.get("/v1/requests", params=params)).json()
         return [PersonRequest.model_validate(r) for r in found]
+
+    def replay(self, job_id: str, **changes: Unpack[ReplayChanges]) -> RemoteJob:
+        """Run a recorded job again, its calls answered from its ledger (`Client.replay`)."""
+        found = _check(self.http.post(f"/v1/jobs/{job_id}/replay", json=dict(changes)))
+        return RemoteJob(self, found.json()["job_id"])
+
+    def fork(
+        self,
+        job_id: str,
+        at: int,
+        *,
+        message: str = "",
+        workspace: str = "",
+        model: str = "",
+        script: dict[str, Any] | None = None,
+    ) -> Fork:
+        """A new job from a recorded job's turn `at`, its workspace as it was (`Client.fork`)."""
+        body = {"at": at, "message": message, "workspace": workspace, "model": model}
+        body |= {"script": script} if script is not None else {}
+        return Fork.model_validate(
+            _check(self.http.post(f"/v1/jobs/{job_id}/fork", json=body)).json()
+        )
+
+    def replay_diff(self, replay_id: str) -> ReplayDiff:
+        """How a replay differs from its original."""
+        return ReplayDiff.model_validate(_check(self.http.get(f"/v1/jobs/{replay_id}/diff")).json())
 
     @property
     def mcp(self) -> RemoteMcp:

@@ -4,11 +4,9 @@ events a client reads."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-import uuid
 from typing import Any
 
 from broker import keys, outage
@@ -18,19 +16,16 @@ from broker.protocol import (
     CallEnvelope,
     CallOutcome,
     Event,
-    Group,
     JobSpec,
 )
 from broker.redis.presence import stale
 from broker.stores import requests
-from broker.stores.requests import Question
 from orchestrator.calls.dispatch import NotAdmitted
-from orchestrator.calls.gate import Ready, Refused, Unanswered, WaitForPerson
+from orchestrator.calls.gate import Ready, Refused
 from orchestrator.calls.pending import cancelled_outcome
 from orchestrator.conversation import ToolCall
-from orchestrator.job.transcript import JobTranscript
+from orchestrator.job.people import JobPeople
 from orchestrator.job.turn import TurnCalls
-from workers.tools.messaging.requests import NOTIFY_TASK
 
 log = logging.getLogger("clawq.loop")
 
@@ -44,7 +39,7 @@ def attended(spec: JobSpec) -> bool:
     return bool(spec.user_id or spec.channel or not unattended)
 
 
-class JobCalls(JobTranscript):
+class JobCalls(JobPeople):
     async def run_calls(self, turn: int, calls: list[ToolCall]) -> None:
         """Check, schedule and await a turn's calls; record their results in model order."""
         self.current = TurnCalls(self, turn)
@@ -52,35 +47,6 @@ class JobCalls(JobTranscript):
             self.current.kept = await requests.kept_outcomes(self.s.store.pool, self.job_id, turn)
         await self.current.finish(calls)
         self.current = None
-
-    async def park(self) -> bool:
-        """Leave memory while people answer, if a request is still pending (else the turn
-        goes on: its answers are in PostgreSQL). The lease goes with the same round trip
-        as the `job_waiting` event; whoever answers the last request queues the job."""
-        await self.settle()
-        if not await requests.park(self.s.store.pool, self.job_id):
-            return False
-        self.defer("job_waiting", turn=self.turns)
-        async with self.s.redis.pipeline(transaction=False) as pipe:
-            self.take_pending(pipe)
-            pipe.delete(keys.lease(self.job_id))
-            await pipe.execute()
-        self.finished = True  # its lease is given up: another process may resume it now
-        self.s.task_events.parked(self.job_id)
-        log.info("job %s parked: waiting for people", self.job_id)
-        return True
-
-    async def notify_chat(self, request_id: str) -> None:
-        """A request of a job that came from a chat is asked there too, with a button per
-        answer (a messaging worker sends it: workers/tools/messaging/requests.py)."""
-        spec = self.spec
-        if spec.channel and spec.chat_id:
-            await asyncio.to_thread(
-                self.s.app.send_task,
-                NOTIFY_TASK,
-                args=[request_id, spec.channel, spec.chat_id],
-                queue=Group.messaging.value,
-            )
 
     def cancel_key(self, turn: int, call_id: str) -> str:
         return keys.cancel_call(self.job_id, turn, call_id)
@@ -165,7 +131,16 @@ class JobCalls(JobTranscript):
             return None
         return str(pin["queue"]), proc
 
-    async def dispatch(self, turn: int, ready: Ready) -> CallOutcome:
+    async def dispatch(self, turn: int, ready: Ready, index: int = 0) -> CallOutcome:
+        """A call the gate allowed: sent to its queue, or, in a replay, through the replay
+        layer first (`orchestrator.calls.replay`), which answers what the original did."""
+        if self.replay is not None:
+            return await self.replay.through(self, turn, index, ready)
+        return await self.send(turn, ready)
+
+    async def send(self, turn: int, ready: Ready, workspace: str = "") -> CallOutcome:
+        """Send the call to its queue (`workspace`: another than the job's, a replay's
+        sandbox) and await its outcome."""
         async with self.parallel:
             timeout = ready.tool.timeout(ready.args, self.s.settings)
             queue = ready.tool.route(ready.args) or ready.tool.group.value
@@ -181,7 +156,7 @@ class JobCalls(JobTranscript):
                 task=ready.tool.task,
                 input=ready.args.model_dump(mode="json", exclude_unset=True),
                 context=CallContext(
-                    workspace=self.spec.workspace,
+                    workspace=workspace or self.spec.workspace,
                     user_id=self.spec.user_id,
                     agent_id=self.spec.agent_id,
                     channel=self.spec.channel,
@@ -245,70 +220,6 @@ class JobCalls(JobTranscript):
             if outcome.metadata.get("session_lost"):  # the next call starts a new one
                 await self.s.redis.delete(keys.pin(self.session_id, ready.tool.name))
             return await self.after(ready, outcome)
-
-    async def ask_person(
-        self, turn: int, ready: Ready, question: Question, person: WaitForPerson
-    ) -> CallOutcome:
-        """A call a person answers (ask_user): the question is opened once (a resumed turn
-        finds it), announced as `input_requested`, and its answer is the call's result."""
-        gate, call = self.gate, ready.call
-        request, new = await requests.open_request(
-            self.s.store.pool,
-            uuid.uuid4().hex,
-            self.job_id,
-            turn,
-            call.id,
-            ready.tool.name,
-            call.input,
-            question.question,
-            kind="question",
-            question=question,
-            timeout_s=gate.approval_timeout_s,
-            on_timeout=gate.on_timeout,
-            user_id=self.spec.user_id,
-        )
-        if new:
-            await self.notify_chat(request.id)
-            await self.emit(
-                "input_requested",
-                request_id=request.id,
-                call_id=call.id,
-                question=question.question,
-                choices=question.choices,
-                multi=question.multi,
-                timeout_s=gate.approval_timeout_s or None,
-                expires_at=request.expires_at.timestamp() if request.expires_at else None,
-            )
-        if request.status == "pending":
-            request = await person(request.id, request.expires_at)
-        who = request.answered_by or "unknown"
-        self.defer("input_resolved", request_id=request.id, call_id=call.id, status=request.status)
-        if request.status == "timeout" and request.on_timeout == "cancel":
-            raise Unanswered(f"the user did not answer '{question.question}' in time")
-        if request.status == "answered":
-            given = request.answer
-            text = ", ".join(map(str, given)) if isinstance(given, list) else str(given)
-            result, failed = f"{who} answered: {text}", False
-        elif request.status == "timeout":
-            result, failed = (
-                f"no answer within {gate.approval_timeout_s:g}s; go on without it or ask later",
-                True,
-            )
-        else:  # closed unanswered (the job was cancelled)
-            result, failed = f"the question was closed unanswered ({request.status})", True
-        return await self.after(
-            ready,
-            CallOutcome(
-                call_id=call.id,
-                job_id=self.job_id,
-                turn=turn,
-                for_llm=result,
-                for_user=result,
-                is_error=failed,
-                worker="person",
-                attempts=0,
-            ),
-        )
 
     async def after(self, ready: Ready, outcome: CallOutcome) -> CallOutcome:
         """Post-tool hooks (their context is added for the model) and the audit fields."""

@@ -21,6 +21,7 @@ from orchestrator.calls import tenancy
 from orchestrator.calls.gate import Gate, Unanswered
 from orchestrator.calls.permissions import exec_approvals, hidden_paths, job_rules, network_allowed
 from orchestrator.calls.policy import PolicyEngine, PolicyError
+from orchestrator.calls.replay import Replay
 from orchestrator.calls.rules import RuleError
 from orchestrator.conversation import Message
 from orchestrator.job.context import JobContext
@@ -55,6 +56,8 @@ class JobRun(JobContext):
             s.custom.for_agent(spec.agent_id),
             system_prompt(s.store.pool, s.settings, spec.agent_id, spec.user_id, spec.system),
         )
+        if spec.replay is not None:
+            self.replay = await Replay.load(s.store.pool, spec.replay, self.job_id)
         timeout = s.settings.mcp_call_total_s
         extra = [*custom, *(tool_class(r, timeout) for r in rows)]
         self.registry, self.policy = s.registry, s.policy

@@ -30,6 +30,7 @@ from orchestrator.calls.dispatch import Dispatcher
 from orchestrator.calls.gate import Gate
 from orchestrator.calls.hooks import Hooks
 from orchestrator.calls.policy import PolicyEngine
+from orchestrator.calls.replay import Replay
 from orchestrator.conversation import Message
 from orchestrator.job.loops import LoopGuard
 from orchestrator.job.tools import CustomCatalog
@@ -121,6 +122,7 @@ class JobState:
         self.system = spec.system  # + its agent's context files (load_tools)
         self.loops = LoopGuard(services.settings.loop_repeat_warn)
         self.looping = ""  # why the job stops, looping (a call repeated 2N times)
+        self.replay: Replay | None = None  # a replay's layer over the original's ledger
 
     def release(self) -> None:
         """Drop what the job holds, once it has left this process (parked): the cycles

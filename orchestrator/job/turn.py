@@ -130,9 +130,11 @@ class TurnCalls:
                 return
         self.sent.add(index)
         if (question := ready.tool.question(ready.args)) is not None:
-            outcome = await run.ask_person(self.turn, ready, question, self.person)
+            outcome = await run.after(
+                ready, await run.ask_person(self.turn, ready, question, self.person)
+            )
         else:
-            outcome = await run.dispatch(self.turn, ready)
+            outcome = await run.dispatch(self.turn, ready, index)
         self.outcomes.setdefault(index, outcome)
         # the turn's last call: its event goes out with the job's next round trip (the
         # next turn's start, or the job's end), right after the turn is recorded

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from broker.pg.store import Store
 from broker.stores.cron import CronJob, CronRules, CronStore, run_job_id
-from broker.stores.cron_schedule import Schedule, describe, next_after, upcoming
+from broker.stores.cron.schedule import Schedule, describe, next_after, upcoming
 from tests.conftest import Isolated
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

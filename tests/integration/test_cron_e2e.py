@@ -17,7 +17,7 @@ import pytest
 
 from broker.pg.store import Store
 from broker.stores.cron import CronJob, CronStore
-from broker.stores.cron_schedule import Schedule
+from broker.stores.cron.schedule import Schedule
 from orchestrator.services.cron import Ticker
 from tests.integration.conftest import Cluster, script, start_cluster, wait_until
 from tests.sites import Reply, Site

@@ -48,6 +48,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{session_id}/canvas-link"): "object",
     ("GET", "/v1/artifacts/{artifact_id}"): "object",
     ("POST", "/v1/jobs/{job_id}/inputs/{request_id}"): "object",
+    ("POST", "/v1/jobs/{job_id}/replay"): "object",
+    ("GET", "/v1/jobs/{job_id}/diff"): "object",
+    ("POST", "/v1/jobs/{job_id}/fork"): "object",
     ("POST", "/v1/inbox/{request_id}"): "object",
     ("GET", "/v1/requests"): "self",
     ("GET", "/v1/inbox"): "self",
@@ -88,6 +91,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/jobs/{job_id}/approvals/{request_id}"): {"decision": "allow-once"},
     ("POST", "/v1/jobs/{job_id}/steer"): {"message": "bob was here"},
     ("POST", "/v1/jobs/{job_id}/inputs/{request_id}"): {"answer": "bob was here"},
+    ("POST", "/v1/jobs/{job_id}/replay"): {},
+    ("POST", "/v1/jobs/{job_id}/fork"): {"at": 1},
     ("POST", "/v1/mcp/servers"): {"mcpServers": {"bobs": {"url": "http://127.0.0.1:9/x"}}},
     ("POST", "/v1/mcp/grants"): {"server": "walked", "user": "bob"},
     ("POST", "/v1/mcp/requests/{request_id}/review"): {"decision": "approve"},
@@ -241,7 +246,7 @@ def test_another_users_objects_are_404_and_admin_routes_403_and_nothing_changes(
             assert response.status_code == expected, (method, path, response.text)
             assert set(response.json()) == {"error"}, response.text
             walked[kind] += 1
-    assert walked == {"object": 13, "admin": 17}
+    assert walked == {"object": 16, "admin": 17}
     assert state(cluster, alices["job_id"]) == before
     # and what bob tried had no effect later: alice's job goes on as hers alone
     with client(api, keys["alice"]) as alice:
@@ -262,7 +267,8 @@ def test_the_admin_reaches_every_object_route(
     """The other side of the walk: the objects exist, so bob's 404 was about their owner."""
     with client(api, keys["admin"]) as admin:
         for (method, path), kind in ROUTES.items():
-            if kind == "object" and method == "GET" and not path.endswith("events"):
+            # a diff is a replay's (alice's job is none: test_replay_e2e reaches one)
+            if kind == "object" and method == "GET" and not path.endswith(("events", "diff")):
                 response = admin.get(fill(path, alices))
                 assert response.status_code == 200, (path, response.text)
         shown = admin.get(f"/v1/custom-tools/{alices['name']}")
@@ -314,7 +320,7 @@ def test_every_v1_route_refuses_a_missing_or_bad_key(
             assert response.status_code == 401, (method, path, response.text)
             assert response.json()["error"]["code"] == "unauthorized"
             count += 1
-    assert count == 35
+    assert count == 38
     assert {k.id: k.last_used_at for k in store.list()} == used  # no key was marked used
 
 
@@ -333,7 +339,7 @@ def test_a_malformed_id_is_404_on_every_route_that_takes_one(
                 assert response.status_code == 404, (who, method, path, response.text)
                 assert response.json()["error"]["code"] == "not_found"
                 count += 1
-    assert count == 15 + 23  # alice: her object routes and the public ones; the admin: all
+    assert count == 18 + 26  # alice: her object routes and the public ones; the admin: all
 
 
 def test_a_malformed_resume_point_is_refused_before_the_stream(

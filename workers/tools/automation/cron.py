@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError
 
 from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, Group
 from broker.stores.cron import CronError, CronJob, CronRules, CronStore, run_job_id
-from broker.stores.cron_schedule import Schedule, describe, upcoming
+from broker.stores.cron.schedule import Schedule, describe, upcoming
 from workers.tool import Permission, SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 
 READS = ("status", "list", "runs")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
 from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
+from workers.tools.fs.checkpoint import keep_prior
 from workers.tools.fs.common import WriteRules, read_text, workspace, write_text
 from workers.tools.fs.intercept import ROUTED, Interceptor, routed, virtual_path
 
@@ -55,6 +56,7 @@ class EditFile(WriteRules, Tool[EditFileInput]):
                 )
             return text.replace(args.old_string, args.new_string), count
 
+        kept: dict[str, Any] = {}
         if routed_to := routed(self.interceptors, args.path, ctx):
             rel = virtual_path(args.path, ctx.context.workspace) or args.path
             said, count = routed_to.edit(rel, ctx, change)
@@ -62,10 +64,11 @@ class EditFile(WriteRules, Tool[EditFileInput]):
             ws = workspace(ctx)
             ws.resolve(args.path, write=True)
             updated, count = change(read_text(ws, args.path))
+            kept = keep_prior(ws, args.path, ctx)
             write_text(ws, args.path, updated)
             said = f"edited {args.path}"
         return ToolResult(
             for_llm=f"replaced {count} occurrence{'s' if count > 1 else ''} in {args.path}",
             for_user=said,
-            metadata={"replacements": count},
+            metadata={"replacements": count, **kept},
         )

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
+from workers.tools.fs.checkpoint import keep_prior
 from workers.tools.fs.common import WriteRules, workspace, write_text
 from workers.tools.fs.intercept import ROUTED, Interceptor, routed, virtual_path
 
@@ -36,10 +37,12 @@ class WriteFile(WriteRules, Tool[WriteFileInput]):
             rel = virtual_path(args.path, ctx.context.workspace) or args.path
             said = routed_to.write(rel, args.content, ctx, append=args.append)
             return ToolResult(for_llm=said, for_user=said)
-        size = write_text(workspace(ctx), args.path, args.content, append=args.append)
+        ws = workspace(ctx)
+        kept = keep_prior(ws, args.path, ctx)
+        size = write_text(ws, args.path, args.content, append=args.append)
         verb = "appended" if args.append else "wrote"
         return ToolResult(
             for_llm=f"{verb} {size} bytes to {args.path}",
             for_user=f"{verb} {args.path}",
-            metadata={"bytes": size},
+            metadata={"bytes": size, **kept},
         )

@@ -22,7 +22,7 @@ from broker.config.policy import PermissionMode
 from broker.errors import Invalid
 from broker.pg.store import INSERT_JOB, INSERT_SESSION, _job_params
 from broker.protocol import FINAL_STATUSES, JobSpec
-from broker.stores.cron_schedule import Schedule, missed, next_after
+from broker.stores.cron.schedule import Schedule, missed, next_after
 
 BACKOFF_S = (30, 60, 300, 900, 3600)
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

@@ -1,0 +1,1 @@
+"""Commands that run recorded jobs again from their ledger: `replay`, `fork`, `eval`."""
