@@ -76,6 +76,16 @@ class Providers(BaseModel):
     )
 
 
+class ModelStreaming(BaseModel):
+    # the model's text as it arrives: `model_delta` events, coalesced
+    stream_delta_interval_ms: int = Field(
+        50, ge=0, description="text waits at most this long to be sent as one model_delta"
+    )
+    stream_delta_max_chars: int = Field(
+        200, ge=1, description="a model_delta is sent at once when this much text waits"
+    )
+
+
 class ModelContext(BaseModel):
     # the context a model is sent: compaction of older turns, long tool results cut
     model_context_windows: dict[str, int] = Field(
