@@ -43,45 +43,59 @@ class JobEnded(BaseModel):
 Delta = TextDelta | TextReset | JobEnded
 
 
-def fold(events: Iterable[Event]) -> Iterator[Delta]:
-    """The deltas these events say, in order. A reader that goes on mid-turn (`after`)
-    starts that turn where its first delta says (`offset`)."""
-    shown: dict[int, tuple[int, str]] = {}  # each turn: where this reader joined, text since
-    for event in events:
+class Folder:
+    """Turns events into deltas one at a time (for a reader that handles the other events
+    too, as `clawq run`). A reader that goes on mid-turn (`after`) starts that turn where
+    its first delta says (`offset`)."""
+
+    def __init__(self) -> None:
+        self.shown: dict[int, tuple[int, str]] = {}  # a turn: where we joined, text since
+
+    def take(self, event: Event) -> list[Delta]:
         d, at = event.data, event.id
         turn = int(d.get("turn") or 0)
-        start, have = shown.get(turn, (0, ""))
+        start, have = self.shown.get(turn, (0, ""))
         if event.type == "model_delta":
             if d.get("reset"):
-                shown[turn] = (0, "")
-                yield TextReset(turn=turn, event_id=at)
-                continue
+                self.shown[turn] = (0, "")
+                return [TextReset(turn=turn, event_id=at)]
             text, offset = str(d.get("text") or ""), int(d.get("offset") or 0)
-            if turn not in shown:
+            if turn not in self.shown:
                 start = offset
             skip = start + len(have) - offset  # read twice: only what is new
             if skip > 0:
                 text = text[skip:]
-            shown[turn] = (start, have + text)
-            if text:
-                yield TextDelta(turn=turn, text=text, event_id=at)
-        elif event.type == "turn_started":  # begun again (resumed): its old text is void
-            if have:
-                yield TextReset(turn=turn, event_id=at)
-            shown.pop(turn, None)
-        elif event.type == "model_text":
-            final = str(d.get("text") or "")
+            self.shown[turn] = (start, have + text)
+            return [TextDelta(turn=turn, text=text, event_id=at)] if text else []
+        if event.type == "turn_started":  # begun again (resumed): its old text is void
+            self.shown.pop(turn, None)
+            return [TextReset(turn=turn, event_id=at)] if have else []
+        if event.type == "model_text":
+            final, out = str(d.get("text") or ""), list[Delta]()
             if not final[start:].startswith(have):
-                yield TextReset(turn=turn, event_id=at)
+                out.append(TextReset(turn=turn, event_id=at))
                 start, have = 0, ""
             if rest := final[start + len(have) :]:
-                yield TextDelta(turn=turn, text=rest, final=True, event_id=at)
-            shown[turn] = (start, final[start:])
-        elif event.type == "job_finished":
-            yield JobEnded(
-                status=str(d.get("status") or ""),
-                final_text=str(d.get("final_text") or ""),
-                error=str(d.get("error") or ""),
-                event_id=at,
-            )
-            return
+                out.append(TextDelta(turn=turn, text=rest, final=True, event_id=at))
+            self.shown[turn] = (start, final[start:])
+            return out
+        if event.type == "job_finished":
+            return [
+                JobEnded(
+                    status=str(d.get("status") or ""),
+                    final_text=str(d.get("final_text") or ""),
+                    error=str(d.get("error") or ""),
+                    event_id=at,
+                )
+            ]
+        return []
+
+
+def fold(events: Iterable[Event]) -> Iterator[Delta]:
+    """The deltas these events say, in order, until `JobEnded`."""
+    folder = Folder()
+    for event in events:
+        for delta in folder.take(event):
+            yield delta
+            if isinstance(delta, JobEnded):
+                return

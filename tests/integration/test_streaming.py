@@ -7,7 +7,10 @@ holding it (printed; the target is under 100 ms, asserted generously)."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -72,21 +75,26 @@ def key(cluster: Cluster) -> str:
     return ApiKeyStore(cluster.client.store).create("alice", admin=True)[1]
 
 
-def sse_events(api: str, key: str, job_id: str, last: str | None = None, stop: int = 0):  # type: ignore[no-untyped-def]
+def sse_events(
+    api: str, key: str, job_id: str, last: str | None = None, stop: int = 0
+) -> list[tuple[float, Any]]:
     """(arrival time, event) of the job's SSE stream; after `stop` model_deltas, it hangs
     up (a client that drops)."""
     headers = {"Authorization": f"Bearer {key}"} | ({"Last-Event-ID": last} if last else {})
-    got, deltas = [], 0
-    with httpx.Client(base_url=api, headers=headers, timeout=httpx.Timeout(30.0)) as http:
-        with connect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source:
-            assert source.response.status_code == 200
-            for sse in source.iter_sse():
-                event = json.loads(sse.data)
-                assert event["id"] == sse.id  # the SSE id is the stream id
-                got.append((time.time(), event))
-                deltas += event["type"] == "model_delta"
-                if event["type"] == "job_finished" or (stop and deltas == stop):
-                    break
+    got: list[tuple[float, Any]] = []
+    deltas = 0
+    with (
+        httpx.Client(base_url=api, headers=headers, timeout=httpx.Timeout(30.0)) as http,
+        connect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source,
+    ):
+        assert source.response.status_code == 200
+        for sse in source.iter_sse():
+            event = json.loads(sse.data)
+            assert event["id"] == sse.id  # the SSE id is the stream id
+            got.append((time.time(), event))
+            deltas += event["type"] == "model_delta"
+            if event["type"] == "job_finished" or (stop and deltas == stop):
+                break
     return got
 
 
@@ -203,3 +211,33 @@ def test_a_reply_asked_again_resets_what_was_streamed(
             assert not item.final
             shown += item.text
     assert shown == TEXT
+
+
+def test_clawq_run_prints_the_text_as_it_comes(cluster: Cluster, tmp_path: Any) -> None:
+    """Live (as on a terminal): the words reach stderr while the reply still streams, the
+    final text goes to stdout once; with --json, stdout is the one JSON object, as ever."""
+    MODE["answer"] = lambda a: streamed(a, WORDS, DELAY_S)
+    env = {**os.environ, **cluster.env}
+    base = [sys.executable, "-m", "orchestrator.cli", "run", "--model", "openai:gpt-s"]
+    base += ["--workspace", str(tmp_path)]
+    seen: dict[str, float] = {}
+    err = b""
+    with subprocess.Popen(
+        [*base, "--live", "talk"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        assert proc.stderr is not None and proc.stdout is not None
+        while chunk := proc.stderr.read1(4096):
+            err += chunk
+            for word in ("w00", "w39", "completed after"):
+                if word.encode() in err and word not in seen:
+                    seen[word] = time.monotonic()
+        out = proc.stdout.read().decode()
+        assert proc.wait(30) == 0, err.decode()
+    assert out.strip() == TEXT.strip()
+    said = err.decode()
+    assert "model: " + TEXT in said  # the streamed text, once, as one paragraph
+    assert said.count("w17") == 1
+    assert seen["w39"] - seen["w00"] > 0.3  # as it came: 40 words, 20 ms apart
+    done = subprocess.run([*base, "--json", "talk"], env=env, capture_output=True, timeout=60)
+    assert json.loads(done.stdout)["final_text"] == TEXT
+    assert b"w17" not in done.stderr
