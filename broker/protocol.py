@@ -244,6 +244,7 @@ EventType = Literal[
     "memory_index_failed",
     "tool_call_waiting",
     "tool_call_progress",
+    "tool_output_delta",  # a running command's stdout/stderr, coalesced, bounded per call
     "budget_exceeded",
     "job_finished",
 ]

@@ -19,7 +19,7 @@ from broker.errors import RequestError, RunError, Unavailable
 from broker.protocol import Event, JobResult
 from orchestrator.cli.common import cluster, first_line, refused_as_usage
 from orchestrator.cli.common import diagnostics as console
-from orchestrator.client.deltas import Folder, TextDelta, TextReset
+from orchestrator.client.deltas import Folder, TextDelta, TextReset, ToolOutputDelta
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
@@ -91,20 +91,27 @@ def show_event(event: Event, interactive: bool = False) -> None:
 
 class LiveText:
     """The model's text on stderr as it arrives (`model_delta`), instead of one line per
-    turn: a turn's text is a paragraph of its own, begun again (↺) when the model was asked
-    again; a turn that was not streamed comes whole."""
+    turn: a turn's text is a paragraph of its own, begun again (↺) when the model was
+    asked again; a turn that was not streamed comes whole. A running command's output
+    (`tool_output_delta`) is shown line by line as its lines end."""
 
     def __init__(self) -> None:
         self.folder = Folder()
         self.open = False  # a paragraph of text is being written
+        self.partial: dict[tuple[str, str], str] = {}  # a call's stream: its unended line
 
     def take(self, event: Event) -> bool:
-        """Show what `event` says of the text; whether it was a text event."""
-        deltas = self.folder.take(event)
-        for delta in deltas:
+        """Show what `event` says of the text; whether it was a text or output event."""
+        for delta in self.folder.take(event):
             if isinstance(delta, TextReset):
                 self.end()
                 console.print("[dim]↺ asked again:[/]")
+            elif isinstance(delta, ToolOutputDelta):
+                key = (delta.call_id, delta.stream)
+                *lines, self.partial[key] = (self.partial.get(key, "") + delta.text).split("\n")
+                self.lines(lines)
+                if delta.truncated:
+                    self.lines([self.partial.pop(key), "… (the rest is in its result)"])
             elif isinstance(delta, TextDelta):
                 if not self.open:
                     console.print("[bold]model:[/] ", end="")
@@ -113,7 +120,16 @@ class LiveText:
                 console.file.flush()
         if event.type == "model_text":
             self.end()
-        return event.type in ("model_delta", "model_text")
+        if event.type == "tool_call_finished":  # its last line, if it did not end
+            for key in [k for k in self.partial if k[0] == event.data.get("call_id")]:
+                self.lines([self.partial.pop(key)])
+        return event.type in ("model_delta", "model_text", "tool_output_delta")
+
+    def lines(self, lines: list[str]) -> None:
+        self.end()
+        for line in lines:
+            if line:
+                console.print(f"  [dim]│ {escape(line)}[/]", highlight=False)
 
     def end(self) -> None:
         if self.open:

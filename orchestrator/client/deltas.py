@@ -1,5 +1,6 @@
-"""A job's output as typed deltas (`job.stream()`): the model's text as it arrives, and the
-job's end, folded from its events so a caller never handles `reset` or offsets itself.
+"""A job's output as typed deltas (`job.stream()`): the model's text as it arrives, a
+running command's output, and the job's end, folded from its events so a caller never
+handles `reset` or offsets itself.
 
 Text comes per turn (`TextDelta.turn`). A `TextReset` says the turn's text so far is void
 (the model was asked again: failover, or a job resumed by another orchestrator); the text
@@ -32,6 +33,18 @@ class TextReset(BaseModel):
     event_id: str = ""
 
 
+class ToolOutputDelta(BaseModel):
+    """A running command's output (exec, custom tools), as it came."""
+
+    kind: Literal["tool_output"] = "tool_output"
+    call_id: str
+    name: str
+    stream: str  # stdout or stderr
+    text: str
+    truncated: bool = False  # the call's live output ends here (its result has the rest)
+    event_id: str = ""
+
+
 class JobEnded(BaseModel):
     kind: Literal["ended"] = "ended"
     status: str
@@ -40,7 +53,7 @@ class JobEnded(BaseModel):
     event_id: str = ""
 
 
-Delta = TextDelta | TextReset | JobEnded
+Delta = TextDelta | TextReset | ToolOutputDelta | JobEnded
 
 
 class Folder:
@@ -79,6 +92,17 @@ class Folder:
                 out.append(TextDelta(turn=turn, text=rest, final=True, event_id=at))
             self.shown[turn] = (start, final[start:])
             return out
+        if event.type == "tool_output_delta":
+            return [
+                ToolOutputDelta(
+                    call_id=str(d.get("call_id") or ""),
+                    name=str(d.get("name") or ""),
+                    stream=str(d.get("stream") or "stdout"),
+                    text=str(d.get("text") or ""),
+                    truncated=bool(d.get("truncated")),
+                    event_id=at,
+                )
+            ]
         if event.type == "job_finished":
             return [
                 JobEnded(

@@ -22,8 +22,8 @@ from httpx_sse import connect_sse
 from broker.config.secretbox import new_key
 from broker.stores.api_keys import ApiKeyStore
 from orchestrator.client import Client
-from orchestrator.client.deltas import JobEnded, TextDelta, TextReset
-from tests.integration.conftest import Cluster, serve_api, start_cluster
+from orchestrator.client.deltas import JobEnded, TextDelta, TextReset, ToolOutputDelta
+from tests.integration.conftest import Cluster, call, script, serve_api, start_cluster
 from tests.orchestrator.model_wire import Answer, Asked, WireServer, streamed
 
 WORDS = [f"w{i:02d} " for i in range(40)]
@@ -53,7 +53,8 @@ def server() -> Iterator[WireServer]:
 @pytest.fixture(scope="module")
 def cluster(server: WireServer) -> Iterator[Cluster]:
     yield from start_cluster(
-        groups=("fs",),
+        groups=("fs", "runtime"),
+        tool_output_stream_max_bytes=2000,
         secret_key=new_key(),
         openai_base_url=f"{server.url}/v1",
         openai_api_key="key-o",
@@ -241,3 +242,60 @@ def test_clawq_run_prints_the_text_as_it_comes(cluster: Cluster, tmp_path: Any) 
     done = subprocess.run([*base, "--json", "talk"], env=env, capture_output=True, timeout=60)
     assert json.loads(done.stdout)["final_text"] == TEXT
     assert b"w17" not in done.stderr
+
+
+def test_exec_output_streams_while_it_runs(cluster: Cluster, tmp_path: Any) -> None:
+    """An exec's stdout and stderr come as `tool_output_delta` events while it runs, in
+    order, bounded per call; its result has the whole output as before."""
+    slow = "for i in 1 2 3; do echo line$i; sleep 0.3; done; echo oops >&2"
+    loud = "head -c 5000 /dev/zero | tr '\\0' x"
+    job = cluster.client.submit(
+        "run",
+        script=script(
+            {"text": "", "tool_calls": [call("c1", "exec", command=slow)]},
+            {"text": "", "tool_calls": [call("c2", "exec", command=loud)]},
+            {"text": "done"},
+        ),
+        workspace=str(tmp_path),
+        allow=["exec"],
+    )
+    assert job.wait(timeout=60).status == "completed"
+    events = list(job.events())
+    out = [e for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c1"]
+    said = {
+        s: "".join(e.data["text"] for e in out if e.data["stream"] == s)
+        for s in ("stdout", "stderr")
+    }
+    assert said == {"stdout": "line1\nline2\nline3\n", "stderr": "oops\n"}
+    finished = next(
+        e for e in events if e.type == "tool_call_finished" and e.data["call_id"] == "c1"
+    )
+    assert finished.at - out[0].at > 0.4  # the first line came while it ran (0.9 s)
+    assert len(out) >= 3  # line by line, not at the end
+    big = [e.data for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c2"]
+    assert sum(len(d["text"]) for d in big) == 2000  # tool_output_stream_max_bytes
+    assert big[-1].get("truncated") and len(big) < 20
+    record = next(c for c in job.result().tool_calls if c.id == "c2")
+    assert "x" * 5000 in record.output  # the result keeps it all
+    items = [d for d in job.stream() if isinstance(d, ToolOutputDelta) and d.call_id == "c1"]
+    assert "".join(d.text for d in items if d.stream == "stdout") == "line1\nline2\nline3\n"
+
+
+def test_clawq_run_shows_exec_output_as_it_comes(cluster: Cluster, tmp_path: Any) -> None:
+    slow = "for i in 1 2 3; do printf line$i; sleep 0.2; echo; done"
+    plan = script({"text": "", "tool_calls": [call("c1", "exec", command=slow)]}, {"text": "ok"})
+    (tmp_path / "script.json").write_text(json.dumps(plan))
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "orchestrator.cli", "run", "--live", "--allow", "exec"),
+            *("--script", str(tmp_path / "script.json"), "--workspace", str(tmp_path), "go"),
+        ],
+        env={**os.environ, **cluster.env},
+        capture_output=True,
+        timeout=60,
+    )
+    said = done.stderr.decode()
+    assert done.returncode == 0, said
+    shown = [line for line in said.splitlines() if line.startswith("  │ ")]
+    assert shown == ["  │ line1", "  │ line2", "  │ line3"]  # whole lines, though sent in parts
+    assert said.index("│ line3") < said.index("✓ exec")
