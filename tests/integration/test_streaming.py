@@ -282,7 +282,7 @@ def test_exec_output_streams_while_it_runs(cluster: Cluster, tmp_path: Any) -> N
 
 
 def test_clawq_run_shows_exec_output_as_it_comes(cluster: Cluster, tmp_path: Any) -> None:
-    slow = "for i in 1 2 3; do printf line$i; sleep 0.2; echo; done"
+    slow = "for i in 1 2 3; do printf li; sleep 0.2; echo ne$i; done"
     plan = script({"text": "", "tool_calls": [call("c1", "exec", command=slow)]}, {"text": "ok"})
     (tmp_path / "script.json").write_text(json.dumps(plan))
     done = subprocess.run(
