@@ -244,6 +244,14 @@ def test_clawq_run_prints_the_text_as_it_comes(cluster: Cluster, tmp_path: Any) 
     assert b"w17" not in done.stderr
 
 
+KEY_TAIL = "Ab3dE" * 19 + "AA"  # an Anthropic key's, after its prefix
+SECRETS = (  # each secret split across writes 0.3 s apart: across coalesced batches
+    f"printf 'key is sk-ant-api03-'; sleep 0.3; echo {KEY_TAIL}; "
+    "printf '%s\\n' '-----BEGIN PRIVATE KEY-----' MIIEvQIBADANBgkqhkiG9w0BAQEFAASC; "
+    "sleep 0.3; printf '%s\\n' '-----END PRIVATE KEY-----'"
+)
+
+
 def test_exec_output_streams_while_it_runs(cluster: Cluster, tmp_path: Any) -> None:
     """An exec's stdout and stderr come as `tool_output_delta` events while it runs, in
     order, bounded per call; its result has the whole output as before."""
@@ -254,6 +262,7 @@ def test_exec_output_streams_while_it_runs(cluster: Cluster, tmp_path: Any) -> N
         script=script(
             {"text": "", "tool_calls": [call("c1", "exec", command=slow)]},
             {"text": "", "tool_calls": [call("c2", "exec", command=loud)]},
+            {"text": "", "tool_calls": [call("c3", "exec", command=SECRETS)]},
             {"text": "done"},
         ),
         workspace=str(tmp_path),
@@ -277,6 +286,10 @@ def test_exec_output_streams_while_it_runs(cluster: Cluster, tmp_path: Any) -> N
     assert big[-1].get("truncated") and len(big) < 20
     record = next(c for c in job.result().tool_calls if c.id == "c2")
     assert "x" * 5000 in record.output  # the result keeps it all
+    hidden = [e.data for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c3"]
+    shown = "".join(d["text"] for d in hidden)
+    assert shown.count("[REDACTED]") == 2, shown  # scrubbed as the result is
+    assert KEY_TAIL not in shown and "MIIEv" not in shown and "sk-ant" not in shown
     items = [d for d in job.stream() if isinstance(d, ToolOutputDelta) and d.call_id == "c1"]
     assert "".join(d.text for d in items if d.stream == "stdout") == "line1\nline2\nline3\n"
 

@@ -117,7 +117,14 @@ class CustomToolBase(Tool[CustomInput]):
         timeout = self.timeout(args, ctx.settings)
         wd = self.definition.working_dir
         result = run_shell(
-            ctx, command, wd, timeout, {**env, **values}, judged=preview, name=self.name
+            ctx,
+            command,
+            wd,
+            timeout,
+            {**env, **values},
+            judged=preview,
+            name=self.name,
+            secrets=list(env.values()),
         )
         scrub = Scrubber(env.values())  # the call's own secrets never leave it
         return result.model_copy(

@@ -157,13 +157,15 @@ def run_shell(
     env: dict[str, str] | None = None,
     judged: str | None = None,
     name: str = "",
+    secrets: list[str] | None = None,
 ) -> ToolResult:
     """Judge `command` again (the queue is a trust boundary), then run it in the sandbox
     or confined on this host, with `env` added, its output capped; exec and custom tools
     both run this way (a custom tool's line is judged as its preview, `judged`: its
     values quoted where the command reads them from `env`). A command confined on this
     host is told which paths it named it could not see (`confine.unseen`). On this host,
-    its output is also sent as it comes (`tool_output_delta`, live_output.py) as `name`."""
+    its output is also sent as it comes (`tool_output_delta`, live_output.py) as `name`,
+    scrubbed of `secrets` too."""
     if finding := judge_line(command if judged is None else judged, working_dir):
         raise ToolError(finding.message())
     require_containment(ctx)
@@ -179,7 +181,7 @@ def run_shell(
     else:
         host = host_argv(ctx, ws.root, cwd, command, tied=True)
         cap = ctx.settings.exec_output_cap_bytes
-        live = live_output(ctx, name) if name else None
+        live = live_output(ctx, name, secrets or []) if name else None
         try:
             done = _on_host(host, cwd, timeout, cap, ctx.cancelled, env or {}, live)
         finally:

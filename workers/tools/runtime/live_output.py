@@ -7,6 +7,11 @@ and appends them to the job's event stream, one round trip per batch. A call sen
 shows only in the result (itself capped). Each delta has its stream (`stdout`, `stderr`)
 and where its text starts in it (`offset`, in characters). What a Redis error loses is
 logged, never the call's failure: the result carries the output either way.
+
+Secrets never leave the worker this way either: only whole lines are sent (a line still
+being written waits, up to `HOLD_MAX_CHARS`, or the end), a PEM block waits for its end
+line, and what is sent passes the worker's scrubber, with the call's own secrets (a custom
+tool's env), as its result does.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import codecs
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -23,12 +29,22 @@ from broker.protocol import Event
 from broker.redis import events
 
 log = logging.getLogger("clawq.exec")
+HOLD_MAX_CHARS = 16_384  # a line longer than this is sent unended (a progress bar's \r)
+PEM_START = "-----BEGIN"
+PEM_END = "-----END"
 
 
 class LiveOutput:
     def __init__(
-        self, client: redis.Redis, job_id: str, call_id: str, name: str, settings: Any
+        self,
+        client: redis.Redis,
+        job_id: str,
+        call_id: str,
+        name: str,
+        settings: Any,
+        scrub: Callable[[str], str],
     ) -> None:
+        self.scrub = scrub
         self.client = client
         self.job_id = job_id
         self.call_id = call_id
@@ -39,6 +55,7 @@ class LiveOutput:
         self.ttl_s = settings.events_ttl_s
         self.decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in STREAMS}
         self.waiting: dict[str, list[str]] = {s: [] for s in STREAMS}
+        self.held = dict.fromkeys(STREAMS, "")  # read, not sent yet: its line has not ended
         self.offsets = dict.fromkeys(STREAMS, 0)
         self.truncated = False
         self.closed = False
@@ -79,8 +96,8 @@ class LiveOutput:
                     if any(self.waiting.values()):
                         wait = max(0.0, self.since + self.interval_s - time.monotonic())
                     self.cond.wait(wait)
-                batch = self._take()
                 closing = self.closed
+                batch = self._take(closing or self.truncated)
                 if self.truncated and not sent_truncated:
                     batch.append(self._event("stdout", "", truncated=True))
                     sent_truncated = True
@@ -95,12 +112,15 @@ class LiveOutput:
             return True
         return bool(waiting) and time.monotonic() - self.since >= self.interval_s
 
-    def _take(self) -> list[Event]:
+    def _take(self, last: bool) -> list[Event]:
         batch = []
         for stream, parts in self.waiting.items():
-            if parts:
-                batch.append(self._event(stream, "".join(parts)))
-                self.waiting[stream] = []
+            text = self.held[stream] + "".join(parts)
+            self.waiting[stream] = []
+            cut = len(text) if last else _whole(text)
+            self.held[stream] = text[cut:]
+            if cut:
+                batch.append(self._event(stream, self.scrub(text[:cut])))
         return batch
 
     def _event(self, stream: str, text: str, truncated: bool = False) -> Event:
@@ -128,8 +148,22 @@ class LiveOutput:
 STREAMS = ("stdout", "stderr")
 
 
-def live_output(ctx: Any, name: str) -> LiveOutput | None:
+def _whole(text: str) -> int:
+    """How much of `text` may go now: its whole lines, before any unended PEM block."""
+    cut = text.rfind("\n") + 1
+    if not cut and len(text) > HOLD_MAX_CHARS:
+        cut = len(text)
+    begin = text.rfind(PEM_START, 0, cut)
+    if begin >= 0 and text.find(PEM_END, begin) < 0:
+        cut = begin
+    return cut
+
+
+def live_output(ctx: Any, name: str, secrets: list[str]) -> LiveOutput | None:
     """The call's live output, when it has a job to tell and the settings allow it."""
     if ctx.redis is None or not ctx.job_id or ctx.settings.tool_output_stream_max_bytes <= 0:
         return None
-    return LiveOutput(ctx.redis, ctx.job_id, ctx.call_id, name, ctx.settings)
+    from workers.scrub import Scrubber
+
+    scrub = ctx.scrub.extended(secrets) if ctx.scrub is not None else Scrubber(secrets)
+    return LiveOutput(ctx.redis, ctx.job_id, ctx.call_id, name, ctx.settings, scrub)
