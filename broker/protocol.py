@@ -245,6 +245,7 @@ EventType = Literal[
     "job_started",
     "turn_started",
     "model_text",
+    "model_delta",  # the model's text as it arrives, coalesced; never in the transcript
     "model_answered",  # which model and credential (its label) answered, when it changes
     "model_failover",  # a model and credential failed; the next is tried
     "context_compacted",  # older turns summarised for the requests that follow
@@ -264,6 +265,7 @@ EventType = Literal[
     "memory_index_failed",
     "tool_call_waiting",
     "tool_call_progress",
+    "tool_output_delta",  # a running command's stdout/stderr, coalesced, bounded per call
     "budget_exceeded",
     "job_finished",
 ]

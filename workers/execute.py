@@ -295,6 +295,7 @@ class WorkerRuntime(Upkeep):
             celery=self.celery,
             cancelled=cancelled,
             proc_id=self.proc_id,
+            scrub=self.scrub,
         )
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from broker.pg.store import Store
     from broker.stores.requests import Question
+    from workers.scrub import Scrubber
 
 Permission = Literal["allow", "ask", "deny"]
 # a tool's own verdict; "confined": allowed only where commands run confined, else asked
@@ -77,6 +78,7 @@ class ToolContext:
     celery: Callable[[], Celery] | None = None  # for tools that start task graphs
     cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
     proc_id: str = ""  # this executing process (its heartbeat key), for pinned tools
+    scrub: Scrubber | None = None  # this process's: for what a tool sends while it runs
 
     def keep_artifact(self, data: bytes, mime: str, name: str = "", **facts: Any) -> Any:
         """Store `data` as an artifact of this call's user, session and job (`facts`:

@@ -76,6 +76,23 @@ class Providers(BaseModel):
     )
 
 
+class ModelStreaming(BaseModel):
+    # output as it arrives: the model's text (`model_delta`) and a command's
+    # (`tool_output_delta`), coalesced
+    stream_delta_interval_ms: int = Field(
+        50, ge=0, description="text waits at most this long to be sent as one model_delta"
+    )
+    stream_delta_max_chars: int = Field(
+        200, ge=1, description="a model_delta is sent at once when this much text waits"
+    )
+    tool_output_stream_max_bytes: int = Field(
+        65_536,
+        ge=0,
+        description="of a host command's output (exec, custom tools), sent as "
+        "tool_output_delta events while it runs, per call (0: none)",
+    )
+
+
 class ModelContext(BaseModel):
     # the context a model is sent: compaction of older turns, long tool results cut
     model_context_windows: dict[str, int] = Field(

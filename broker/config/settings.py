@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from broker.config.providers import ModelContext, Providers
+from broker.config.providers import ModelContext, ModelStreaming, Providers
 from broker.config.sections import (
     AgentLoop,
     Api,
@@ -45,6 +45,7 @@ class Settings(
     Connections,
     AgentLoop,
     Providers,
+    ModelStreaming,
     ModelContext,
     ToolCalls,
     Permissions,

@@ -19,6 +19,7 @@ from broker.errors import RequestError, RunError, Unavailable
 from broker.protocol import Event, JobResult
 from orchestrator.cli.common import cluster, first_line, refused_as_usage
 from orchestrator.cli.common import diagnostics as console
+from orchestrator.client.deltas import Folder, TextDelta, TextReset, ToolOutputDelta
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
@@ -86,6 +87,55 @@ def show_event(event: Event, interactive: bool = False) -> None:
     elif event.type == "job_finished":
         error = escape(d.get("error") or "")
         console.print(f"[bold]{d['status']}[/] after {d['iterations']} turns {error}")
+
+
+class LiveText:
+    """The model's text on stderr as it arrives (`model_delta`), instead of one line per
+    turn: a turn's text is a paragraph of its own, begun again (↺) when the model was
+    asked again; a turn that was not streamed comes whole. A running command's output
+    (`tool_output_delta`) is shown line by line as its lines end."""
+
+    def __init__(self) -> None:
+        self.folder = Folder()
+        self.open = False  # a paragraph of text is being written
+        self.partial: dict[tuple[str, str], str] = {}  # a call's stream: its unended line
+
+    def take(self, event: Event) -> bool:
+        """Show what `event` says of the text; whether it was a text or output event."""
+        for delta in self.folder.take(event):
+            if isinstance(delta, TextReset):
+                self.end()
+                console.print("[dim]↺ asked again:[/]")
+            elif isinstance(delta, ToolOutputDelta):
+                key = (delta.call_id, delta.stream)
+                *lines, self.partial[key] = (self.partial.get(key, "") + delta.text).split("\n")
+                self.lines(lines)
+                if delta.truncated:
+                    self.lines([self.partial.pop(key), "… (the rest is in its result)"])
+            elif isinstance(delta, TextDelta):
+                if not self.open:
+                    console.print("[bold]model:[/] ", end="")
+                    self.open = True
+                console.file.write(delta.text)
+                console.file.flush()
+        if event.type == "model_text":
+            self.end()
+        if event.type == "tool_call_finished":  # its last line, if it did not end
+            for key in [k for k in self.partial if k[0] == event.data.get("call_id")]:
+                self.lines([self.partial.pop(key)])
+        return event.type in ("model_delta", "model_text", "tool_output_delta")
+
+    def lines(self, lines: list[str]) -> None:
+        self.end()
+        for line in lines:
+            if line:
+                console.print(f"  [dim]│ {escape(line)}[/]", highlight=False)
+
+    def end(self) -> None:
+        if self.open:
+            console.file.write("\n")
+            console.file.flush()
+            self.open = False
 
 
 def ask_line(event: Event) -> str:
@@ -233,6 +283,12 @@ def stack_settings_note() -> None:
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option(
+    "--live/--no-live",
+    default=None,
+    help="Print the model's text on stderr as it arrives. Default: when stderr is a"
+    " terminal (never with --json).",
+)
+@click.option(
     "--on-ask",
     "ask_policy",
     type=click.Choice(["wait", "deny", "fail"]),
@@ -249,6 +305,7 @@ def run(
     as_json: bool,
     mcp_prompt: str | None,
     ask_policy: str | None,
+    live: bool | None,
     **options: Any,
 ) -> None:
     """Submit a job to the configured cluster, show its events, print the result."""
@@ -269,9 +326,16 @@ def run(
             session = (client.store.job(job.id) or {}).get("session_id", job.id)
             console.print(f"job {job.id}, session {session}", markup=False)
         interactive = terminal and not as_json
+        text = (
+            LiveText() if not as_json and (live or (live is None and sys.stderr.isatty())) else None
+        )
         with lost_stack(job.id):
             for event in job.events():
-                if not as_json:
+                if text is not None and text.take(event):
+                    pass
+                elif not as_json:
+                    if text is not None:
+                        text.end()
                     show_event(event, interactive)
                 if event.type == "approval_requested" and stopped is None:
                     stopped = on_ask(job, event, policy, interactive)

@@ -13,6 +13,7 @@ from broker.config.settings import Settings
 from broker.errors import Conflict, Invalid
 from broker.protocol import Event, JobResult, Subagent
 from broker.stores.requests import AnswerValue
+from orchestrator.client.deltas import Delta, fold
 
 
 class ClientError(Invalid):
@@ -73,6 +74,12 @@ class Job(ABC):
     def events(self, after: str | None = None) -> Iterator[Event]:
         """Every event after the stream id `after` (None: from the start), until the job
         ends; pass the `id` of the last event seen to go on where a reader stopped."""
+
+    def stream(self, after: str | None = None) -> Iterator[Delta]:
+        """The job's output as typed deltas (client/deltas.py): the model's text as it
+        arrives (`TextDelta`, `TextReset`), then `JobEnded`. Pass the `event_id` of the
+        last delta handled to go on where a reader stopped."""
+        return fold(self.events(after))
 
     @abstractmethod
     def wait(self, timeout: float | None = None) -> JobResult:

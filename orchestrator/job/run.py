@@ -25,6 +25,7 @@ from orchestrator.calls.replay import Replay
 from orchestrator.calls.rules import RuleError
 from orchestrator.conversation import Message
 from orchestrator.job.context import JobContext
+from orchestrator.job.deltas import TurnDeltas
 from orchestrator.job.loops import LoopGuard
 from orchestrator.job.prompt import system_prompt
 from orchestrator.job.state import JobCancelled
@@ -186,7 +187,11 @@ class JobRun(JobContext):
                 self.current = current = TurnCalls(self, turn)
                 try:
                     asked = time.monotonic()
-                    reply, view = await self.ask(provider, turn, current)
+                    deltas = TurnDeltas(s.redis, s.settings, self.job_id, turn + 1)
+                    try:
+                        reply, view = await self.ask(provider, turn, current, deltas)
+                    finally:
+                        await deltas.close()  # every delta out before the turn's events
                     kind = reply.model.partition(":")[0] or spec.model.partition(":")[0]
                     m.model_seconds.labels(kind).observe(time.monotonic() - asked)
                     if reply.usage is not None:  # tokens, known once it answered
@@ -215,12 +220,14 @@ class JobRun(JobContext):
                 return "completed", reply.text, ""
 
     async def ask(
-        self, provider: ModelProvider, turn: int, current: TurnCalls
+        self, provider: ModelProvider, turn: int, current: TurnCalls, deltas: TurnDeltas
     ) -> tuple[Message, list[Message]]:
         """The model's reply to the transcript fitted to its window (compacted first if
         needed, and once more if the provider still finds it too long)."""
         for again in (False, True):
             view = await self.fitted(provider, force=again)
+            if again:
+                deltas.reset()  # (a refusal comes before any text; said if one did not)
             request = ModelRequest(
                 system=self.system,
                 messages=view,
@@ -229,7 +236,7 @@ class JobRun(JobContext):
                 turn=turn,
             )
             try:
-                return await provider.complete(request, on_tool_call=current.add), view
+                return await provider.complete(request, current.add, deltas), view
             except ContextOverflow:
                 if again:
                     raise

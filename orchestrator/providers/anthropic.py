@@ -9,7 +9,13 @@ import httpx
 
 from broker.config.settings import Settings
 from orchestrator.conversation import Message, TokenUsage, ToolCall
-from orchestrator.providers.base import ModelError, ModelRequest, ModelUnavailable, OnToolCall
+from orchestrator.providers.base import (
+    Deltas,
+    ModelError,
+    ModelRequest,
+    ModelUnavailable,
+    OnToolCall,
+)
 from orchestrator.providers.credentials import Credential
 from orchestrator.providers.http import parse_arguments, stream_events
 
@@ -61,7 +67,10 @@ class AnthropicProvider:
         self.credential = credential
 
     async def complete(
-        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+        self,
+        request: ModelRequest,
+        on_tool_call: OnToolCall | None = None,
+        deltas: Deltas | None = None,
     ) -> Message:
         body: dict[str, Any] = {
             "model": self.model,
@@ -105,6 +114,8 @@ class AnthropicProvider:
                     delta = event["delta"]
                     if delta.get("type") == "text_delta":
                         text.append(delta["text"])
+                        if deltas is not None:
+                            deltas.text(delta["text"])
                     elif delta.get("type") == "input_json_delta":
                         blocks[event["index"]]["json"] += delta["partial_json"]
                 elif kind == "content_block_stop":

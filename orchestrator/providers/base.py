@@ -12,6 +12,16 @@ from orchestrator.conversation import Message, ToolCall
 OnToolCall = Callable[[ToolCall], Awaitable[None]]
 
 
+class Deltas(Protocol):
+    """Where a streaming provider puts the reply's text as it arrives: cheap, synchronous
+    (the job coalesces it into `model_delta` events); `reset` when a reply is asked for again
+    after some of its text was given (failover), so what was shown is discarded."""
+
+    def text(self, chunk: str) -> None: ...
+
+    def reset(self) -> None: ...
+
+
 class ModelError(RunError):
     """The model could not produce a turn (transport, HTTP status, protocol, script)."""
 
@@ -49,8 +59,12 @@ class ModelRequest:
 
 class ModelProvider(Protocol):
     async def complete(
-        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+        self,
+        request: ModelRequest,
+        on_tool_call: OnToolCall | None = None,
+        deltas: Deltas | None = None,
     ) -> Message:
         """The assistant's next message. Streaming providers call `on_tool_call` as soon as
-        each tool call is complete in the stream, before the turn ends."""
+        each tool call is complete in the stream, before the turn ends, and give `deltas`
+        the text as it arrives."""
         ...

@@ -8,6 +8,8 @@ when its attempts run out, or the server asks for a wait longer than
 that got 429 rests cluster-wide (a Redis key with a TTL: `broker/redis/cooldown.py`), so
 no orchestrator sends it anything until it expires. A reply that broke off after it had
 handed over a tool call is not asked again elsewhere (the call may be running): it fails.
+A reply asked again after some of its text was streamed first resets the deltas
+(`model_delta` with `reset`), so a client discards what it showed instead of doubling it.
 
 Each move is said (`model_failover`: which model and credential, by label, and why); the
 reply says who answered (`Message.model`, `Message.credential`)."""
@@ -34,6 +36,7 @@ from broker.redis import cooldown
 from orchestrator.conversation import Message, ToolCall
 from orchestrator.providers.anthropic import AnthropicProvider
 from orchestrator.providers.base import (
+    Deltas,
     ModelError,
     ModelProvider,
     ModelRequest,
@@ -51,6 +54,25 @@ ERROR_CHARS = 300  # of a failure, in an event
 
 def _quiet(*_: Any, **__: Any) -> None:
     pass
+
+
+class Given:
+    """The deltas of one reply as failover passes them on: reset before a new try when the
+    last one gave some text."""
+
+    def __init__(self, deltas: Deltas | None) -> None:
+        self.deltas = deltas
+        self.gave = False
+
+    def text(self, chunk: str) -> None:
+        if self.deltas is not None:
+            self.gave = True
+            self.deltas.text(chunk)
+
+    def reset(self) -> None:
+        if self.gave and self.deltas is not None:
+            self.deltas.reset()
+        self.gave = False
 
 
 class FailoverProvider:
@@ -82,9 +104,13 @@ class FailoverProvider:
         return kind(self.settings, self.http, link.model, cred)
 
     async def complete(
-        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+        self,
+        request: ModelRequest,
+        on_tool_call: OnToolCall | None = None,
+        deltas: Deltas | None = None,
     ) -> Message:
         handed: list[ToolCall] = []
+        given = Given(deltas)
 
         async def hand(call: ToolCall) -> None:
             handed.append(call)
@@ -100,7 +126,7 @@ class FailoverProvider:
                     continue
                 tried = True
                 try:
-                    reply = await self._attempts(link, cred, request, hand, handed)
+                    reply = await self._attempts(link, cred, request, hand, handed, given)
                 except ModelUnavailable as exc:
                     if handed:  # a call is on its way: asking elsewhere could run it twice
                         raise ModelError(str(exc)) from exc
@@ -157,6 +183,7 @@ class FailoverProvider:
         request: ModelRequest,
         hand: OnToolCall,
         handed: list[ToolCall],
+        given: Given,
     ) -> Message:
         """One credential: tried again while the failure may pass, as tenacity waits."""
         s = self.settings
@@ -189,6 +216,7 @@ class FailoverProvider:
             reraise=True,
         ):
             with attempt:
-                reply = await provider.complete(request, hand)
+                given.reset()  # a try after one that gave text: the client drops it
+                reply = await provider.complete(request, hand, given)
         assert reply is not None
         return reply

@@ -9,7 +9,7 @@ import httpx
 
 from broker.config.settings import Settings
 from orchestrator.conversation import Message, TokenUsage, ToolCall
-from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
+from orchestrator.providers.base import Deltas, ModelError, ModelRequest, OnToolCall
 from orchestrator.providers.credentials import Credential
 from orchestrator.providers.http import parse_arguments, stream_events
 
@@ -56,7 +56,10 @@ class OpenAIProvider:
         self.credential = credential
 
     async def complete(
-        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+        self,
+        request: ModelRequest,
+        on_tool_call: OnToolCall | None = None,
+        deltas: Deltas | None = None,
     ) -> Message:
         body: dict[str, Any] = {
             "model": self.model,
@@ -100,6 +103,8 @@ class OpenAIProvider:
                     delta = choice.get("delta") or {}
                     if delta.get("content"):
                         text.append(delta["content"])
+                        if deltas is not None:
+                            deltas.text(delta["content"])
                     for tc in delta.get("tool_calls") or []:
                         index = tc.get("index", 0)
                         for done in [i for i in partial if i < index]:

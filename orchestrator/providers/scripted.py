@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from orchestrator.conversation import Message, TokenUsage, ToolCall
-from orchestrator.providers.base import ModelError, ModelRequest, OnToolCall
+from orchestrator.providers.base import Deltas, ModelError, ModelRequest, OnToolCall
 
 
 class ScriptedCall(BaseModel):
@@ -53,7 +53,10 @@ class ScriptedProvider:
         self.script = parse_script(script)
 
     async def complete(
-        self, request: ModelRequest, on_tool_call: OnToolCall | None = None
+        self,
+        request: ModelRequest,
+        on_tool_call: OnToolCall | None = None,
+        deltas: Deltas | None = None,  # a script's turn comes whole: no deltas
     ) -> Message:
         if request.purpose == "summary":  # compaction: the script's turns are not used
             return Message(role="assistant", text=scripted_summary(request))

@@ -40,6 +40,9 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0  # before the headers (a server that does not answer in time)
     content_type: str = "text/event-stream"
+    # after `body`, streamed: (seconds to wait first, a piece of the body); the server
+    # notes when it sent each (`WireServer.sent`)
+    pieces: list[tuple[float, str]] = field(default_factory=list)
 
 
 def error(status: int, message: str, **headers: str) -> Answer:
@@ -127,10 +130,45 @@ def openai_call(call_id: str, name: str, args: dict[str, Any], usage: tuple[int,
     return Answer(200, body)
 
 
+def streamed(asked: Asked, words: list[str], delay_s: float, break_after: int = -1) -> Answer:
+    """A text reply in the request's wire, one SSE event per word, `delay_s` apart; with
+    `break_after` (Anthropic's wire), an overload error event after that many words."""
+    if asked.wire == "openai":
+        head = sse((None, openai_chunk({"role": "assistant", "content": ""})))
+        usage = {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+        tail = sse((None, openai_chunk({}, "stop")), (None, usage), done=True)
+        pieces = [(delay_s, sse((None, openai_chunk({"content": w})))) for w in words]
+        return Answer(200, head, pieces=[*pieces, (0.0, tail)])
+    whole = text(asked, "")  # its text block's one delta is left out: the words replace it
+    head, _, rest = whole.body.partition("event: content_block_delta")
+    tail = rest.partition("\n\n")[2]
+    pieces = [
+        (
+            delay_s,
+            sse(
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": w},
+                    },
+                )
+            ),
+        )
+        for w in words
+    ]
+    if break_after >= 0:
+        busy = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+        return Answer(200, head, pieces=[*pieces[:break_after], (delay_s, sse(("error", busy)))])
+    return Answer(200, head, pieces=[*pieces, (0.0, tail)])
+
+
 class WireServer:
     def __init__(self, answer: Callable[[Asked], Answer]) -> None:
         self.answer = answer
         self.asked: list[Asked] = []
+        self.sent: list[tuple[float, str]] = []  # (time.time(), piece) of streamed pieces
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -169,12 +207,20 @@ class WireServer:
                 try:
                     self.send_response(answer.status)
                     self.send_header("Content-Type", answer.content_type)
-                    self.send_header("Content-Length", str(len(body)))
+                    if not answer.pieces:  # else the body ends as the connection closes
+                        self.send_header("Content-Length", str(len(body)))
                     self.send_header("Connection", "close")
                     for name, value in answer.headers.items():
                         self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(body)
+                    for wait, piece in answer.pieces:
+                        self.wfile.flush()
+                        time.sleep(wait)
+                        self.wfile.write(piece.encode())
+                        self.wfile.flush()
+                        with server.lock:
+                            server.sent.append((time.time(), piece))
                 except OSError:  # the client gave up waiting (a timeout test)
                     pass
                 self.close_connection = True

@@ -116,7 +116,16 @@ class CustomToolBase(Tool[CustomInput]):
         preview = self.rendered(args).command
         timeout = self.timeout(args, ctx.settings)
         wd = self.definition.working_dir
-        result = run_shell(ctx, command, wd, timeout, {**env, **values}, judged=preview)
+        result = run_shell(
+            ctx,
+            command,
+            wd,
+            timeout,
+            {**env, **values},
+            judged=preview,
+            name=self.name,
+            secrets=list(env.values()),
+        )
         scrub = Scrubber(env.values())  # the call's own secrets never leave it
         return result.model_copy(
             update={"for_llm": scrub(result.for_llm), "for_user": scrub(result.for_user)}

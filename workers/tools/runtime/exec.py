@@ -36,6 +36,7 @@ from workers.tool import (
     Verdict,
 )
 from workers.tools.fs.common import workspace
+from workers.tools.runtime.live_output import LiveOutput, live_output
 
 # Only these reach the command: the worker's own secrets (database and Redis URLs, API
 # keys, CLAWQ_*) never do.
@@ -145,7 +146,7 @@ class Exec(Tool[ExecInput]):
 
     def run(self, args: ExecInput, ctx: ToolContext) -> ToolResult:
         timeout = self.timeout(args, ctx.settings)
-        return run_shell(ctx, args.command, args.working_dir, timeout)
+        return run_shell(ctx, args.command, args.working_dir, timeout, name=self.name)
 
 
 def run_shell(
@@ -155,12 +156,16 @@ def run_shell(
     timeout: float,
     env: dict[str, str] | None = None,
     judged: str | None = None,
+    name: str = "",
+    secrets: list[str] | None = None,
 ) -> ToolResult:
     """Judge `command` again (the queue is a trust boundary), then run it in the sandbox
     or confined on this host, with `env` added, its output capped; exec and custom tools
     both run this way (a custom tool's line is judged as its preview, `judged`: its
     values quoted where the command reads them from `env`). A command confined on this
-    host is told which paths it named it could not see (`confine.unseen`)."""
+    host is told which paths it named it could not see (`confine.unseen`). On this host,
+    its output is also sent as it comes (`tool_output_delta`, live_output.py) as `name`,
+    scrubbed of `secrets` too."""
     if finding := judge_line(command if judged is None else judged, working_dir):
         raise ToolError(finding.message())
     require_containment(ctx)
@@ -176,7 +181,12 @@ def run_shell(
     else:
         host = host_argv(ctx, ws.root, cwd, command, tied=True)
         cap = ctx.settings.exec_output_cap_bytes
-        done = _on_host(host, cwd, timeout, cap, ctx.cancelled, env or {})
+        live = live_output(ctx, name, secrets or []) if name else None
+        try:
+            done = _on_host(host, cwd, timeout, cap, ctx.cancelled, env or {}, live)
+        finally:
+            if live is not None:
+                live.close()
         done.unseen = confine.unseen(confine.for_settings(ctx.settings), command, ws.root, cwd)
     return _result(judged or command, done, timeout, time.monotonic() - started)
 
@@ -252,6 +262,7 @@ def _on_host(
     cap: int,
     cancelled: Callable[[], str | None],
     extra_env: dict[str, str] | None = None,
+    live: LiveOutput | None = None,
 ) -> _Done:
     """Run the command in its own process group; a timeout or a cancel kills the group
     (under bubblewrap, killing it tears down the command's whole PID namespace)."""
@@ -271,7 +282,7 @@ def _on_host(
         finally:
             if held is not None:
                 os.close(lifeline)  # the child has its copy; this process keeps `held`
-        return _supervise(proc, host.where, timeout, cap, cancelled)
+        return _supervise(proc, host.where, timeout, cap, cancelled, live)
     finally:
         if held is not None:
             os.close(held)
@@ -283,12 +294,13 @@ def _supervise(
     timeout: float,
     cap: int,
     cancelled: Callable[[], str | None],
+    live: LiveOutput | None = None,
 ) -> _Done:
     """Wait for `proc` with its output capped, killing its group at the deadline or a
-    cancel."""
+    cancel; `live` hears the output as it is read."""
     assert proc.stdout is not None and proc.stderr is not None
-    out = _Capture(proc.stdout, cap)
-    err = _Capture(proc.stderr, cap)
+    out = _Capture(proc.stdout, cap, live, "stdout")
+    err = _Capture(proc.stderr, cap, live, "stderr")
     timed_out, stopped = False, None
     deadline = time.monotonic() + timeout
     try:
@@ -451,9 +463,13 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 class _Capture:
     """Reads a pipe to its end in a thread, keeping at most `cap` bytes and a marker."""
 
-    def __init__(self, stream: IO[bytes], cap: int) -> None:
+    def __init__(
+        self, stream: IO[bytes], cap: int, live: LiveOutput | None = None, name: str = ""
+    ) -> None:
         self.stream = stream
         self.cap = cap
+        self.live = live
+        self.name = name
         self.data = bytearray()
         self.truncated = False
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -461,6 +477,8 @@ class _Capture:
 
     def _read(self) -> None:
         while chunk := self.stream.read1(65536):  # type: ignore[attr-defined]
+            if self.live is not None:
+                self.live.chunk(self.name, chunk)
             room = self.cap - len(self.data)
             if room > 0:
                 self.data += chunk[:room]

@@ -1,0 +1,102 @@
+"""The model's text as it arrives, as `model_delta` events on the job's stream.
+
+A provider hands over every piece of text it reads (a token or a few); they are coalesced
+here, sent once `stream_delta_interval_ms` has passed since the first waiting piece or
+once `stream_delta_max_chars` wait, so a reply costs one Redis round trip per batch, never
+one per token. One writer sends batches in order; while it waits on Redis the next batches
+gather and go together. Each delta says where its text starts in the turn's reply
+(`offset`); a reply asked for again (failover) sends `reset` first, and the text starts
+again at 0. Deltas are events only: the transcript keeps the final text (`model_text`).
+Losing one to a Redis error is logged, not fatal: the final text still comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from broker.config.settings import Settings
+from broker.protocol import Event
+from broker.redis import events
+
+log = logging.getLogger("clawq.loop")
+
+
+class TurnDeltas:
+    def __init__(self, redis: aioredis.Redis, settings: Settings, job_id: str, turn: int) -> None:
+        self.redis = redis
+        self.job_id = job_id
+        self.turn = turn  # as events count turns: from 1
+        self.interval_s = settings.stream_delta_interval_ms / 1000
+        self.max_chars = settings.stream_delta_max_chars
+        self.ttl_s = settings.events_ttl_s
+        self.waiting: list[str] = []
+        self.chars = 0  # of what waits
+        self.offset = 0  # where what waits starts in the reply
+        self.outbox: list[Event] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.writer: asyncio.Future[None] | None = None
+        self.gave = False  # some text left since the last reset
+        self.closed = False
+
+    def text(self, chunk: str) -> None:
+        if self.closed or not chunk:
+            return
+        self.waiting.append(chunk)
+        self.chars += len(chunk)
+        if self.chars >= self.max_chars:
+            self.batch()
+        elif self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(self.interval_s, self.batch)
+
+    def reset(self) -> None:
+        """The reply is asked for again: what was sent is void, what waits is dropped."""
+        self._stop_timer()
+        self.waiting, self.chars, self.offset = [], 0, 0
+        self.outbox = []
+        if self.gave:
+            self.gave = False
+            self._send({"turn": self.turn, "reset": True, "offset": 0, "text": ""})
+
+    def batch(self) -> None:
+        """What waits becomes one delta, sent by the writer."""
+        self._stop_timer()
+        if not self.waiting:
+            return
+        text = "".join(self.waiting)
+        data = {"turn": self.turn, "offset": self.offset, "text": text}
+        self.offset += len(text)
+        self.waiting, self.chars = [], 0
+        self.gave = True
+        self._send(data)
+
+    async def close(self) -> None:
+        """The reply ended (or broke off): what waits goes, and every delta is sent, before
+        the turn's own events."""
+        self.batch()
+        self.closed = True
+        if self.writer is not None:
+            await asyncio.shield(self.writer)
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _send(self, data: dict[str, Any]) -> None:
+        self.outbox.append(Event(type="model_delta", job_id=self.job_id, data=data))
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        while self.outbox:
+            batch, self.outbox = self.outbox, []
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    events.add(pipe, batch, self.ttl_s)
+                    await pipe.execute()
+            except aioredis.RedisError as exc:
+                log.warning("job %s: %d model deltas not sent: %s", self.job_id, len(batch), exc)
