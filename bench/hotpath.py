@@ -44,14 +44,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.table import Table
 
 from broker import keys
 from broker.celery.app import create_app
 from broker.celery.publisher import task_message
-from broker.pg.store import INSERT_JOB, INSERT_SESSION
+from broker.pg.store import INSERT_JOB, INSERT_SESSION, _job_params
 from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
 from broker.redis.presence import live_processes
 
@@ -159,7 +158,7 @@ def submit_many(bench: Any, specs: list[JobSpec]) -> list[str]:
         conn.cursor() as cur,
     ):
         cur.executemany(INSERT_SESSION, [(i, s.agent_id, "") for i, s in pairs])
-        cur.executemany(INSERT_JOB, [(i, i, Jsonb(s.model_dump()), "", "", "") for i, s in pairs])
+        cur.executemany(INSERT_JOB, [_job_params(i, i, s) for i, s in pairs])
     app = create_app(bench.settings)
     pipe = bench.redis.pipeline(transaction=False)
     for i in ids:
