@@ -192,16 +192,7 @@ class JobCalls(JobPeople):
             if unreachable := await self.unreachable(ready.tool, queue):
                 self.pending.append(queued)
                 await self.flush()
-                outcome = CallOutcome(
-                    call_id=ready.call.id,
-                    job_id=self.job_id,
-                    turn=turn,
-                    for_llm=unreachable,
-                    for_user=unreachable,
-                    is_error=True,
-                    worker="orchestrator",
-                    attempts=0,
-                )
+                outcome = self.error_outcome(turn, ready.call, unreachable)
             else:  # the queued event goes out with the publish, after what is pending
                 # a subagent tree shares its root session's limit: spawning does not multiply it
                 session = self.spec.root_session or self.session_id
