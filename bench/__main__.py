@@ -33,7 +33,6 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 import redis
@@ -52,6 +51,7 @@ from bench import (
     ui,
     web,
 )
+from bench.rounds import ROUNDS, Rounds
 from broker import keys
 from broker.config.settings import Settings
 from broker.pg.store import Store
@@ -64,8 +64,10 @@ ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000"))
 THROUGHPUT_CALLS = int(os.environ.get("BENCH_CALLS", "3000"))
 JOBS = int(os.environ.get("BENCH_JOBS", "1000"))
 SCALE_CALLS = int(os.environ.get("BENCH_SCALE_CALLS", "100"))  # per worker process
-ROUNDS = 3  # (a)'s alternating blocks of clawq, bare Celery and raw Redis round trips
 PY = sys.executable
+CLAWQ_CALL = "clawq call path"
+BARE = {"solo": "bare Celery, solo pool", "prefork": "bare Celery, prefork -c 1"}
+ECHO = "raw Redis LPUSH/BRPOP echo"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -192,38 +194,46 @@ class Bench:
 
     _blocks = 0
 
-    def round_trips(self) -> dict[str, Any]:
-        """(a) and (b) on one stack: clawq's no-op worker, a bare Celery worker and a raw
-        echo all up; the sequential round trips in ROUNDS alternating blocks (the machine's
-        speed drifts within a run, and alternating makes the drift weigh on each alike),
-        then each path's throughput."""
+    def round_trips(self) -> tuple[Rounds, Rounds, dict[str, str]]:
+        """(a) and (b) on one stack: clawq's no-op worker, bare Celery's solo and prefork
+        workers and a raw echo all up; ROUNDS interleaved rounds of sequential round trips
+        (each path's median per round), then ROUNDS of each path's throughput."""
         os.environ["BENCH_REDIS_URL"] = self.redis_url
         from bench import bare
 
         clawq_worker = [PY, "-m", "bench.noop", "1", os.environ.get("BENCH_POOL", "direct")]
-        times: dict[str, list[float]] = {"clawq": [], "bare": [], "echo": []}
-        per_block = max(1, ROUND_TRIPS // ROUNDS)
+        trips = Rounds("ms")
+        rates = Rounds("calls/s", lower_is_better=False)
+        every: dict[str, list[float]] = {}
+        per_round = max(1, ROUND_TRIPS // ROUNDS)
+        per_rate = max(1, THROUGHPUT_CALLS // ROUNDS)
+
+        def measured(path: str, times: list[float]) -> None:
+            trips.add(path, statistics.median(times) * 1e3)
+            every.setdefault(path, []).extend(times)
+
         with (
             process(clawq_worker, self.env),
-            process(bare.WORKER, self.env),
+            process(bare.worker("solo"), self.env),
+            process(bare.worker("prefork"), self.env),
             process([PY, "-m", "bench.echo", self.redis_url], self.env),
         ):
             wait_for(self.workers_ready("fs", 1))
-            wait_for(lambda: bool(bare.app.control.ping(timeout=0.5)))
-            bare.round_trips(50)  # warm up
+            for pool in bare.POOLS:
+                wait_for(lambda pool=pool: bare.ready(pool))  # type: ignore[misc]
+                bare.round_trips(50, pool)  # warm up
             for _ in range(ROUNDS):
-                times["clawq"] += asyncio.run(self.clawq_calls(per_block, 0))[0]
-                times["bare"] += bare.round_trips(per_block)
-                times["echo"] += self.raw_echo(per_block)
+                measured(CLAWQ_CALL, asyncio.run(self.clawq_calls(per_round, 0))[0])
+                for pool in bare.POOLS:
+                    measured(BARE[pool], bare.round_trips(per_round, pool))
+                measured(ECHO, self.raw_echo(per_round))
             self.redis.lpush("bench:req", "stop")
-            clawq_rate = asyncio.run(self.clawq_calls(0, THROUGHPUT_CALLS))[1]
-            started = time.perf_counter()
-            pending = [bare.noop.delay() for _ in range(THROUGHPUT_CALLS)]
-            for result in pending:
-                if result.get(timeout=120) != "ok":
-                    raise RuntimeError("bare Celery's no-op failed")
-            bare_rate = THROUGHPUT_CALLS / (time.perf_counter() - started)
-        return {**times, "clawq_rate": clawq_rate, "bare_rate": bare_rate}
+            for _ in range(ROUNDS):
+                rates.add(CLAWQ_CALL, asyncio.run(self.clawq_calls(0, per_rate))[1])
+                for pool in bare.POOLS:
+                    rates.add(BARE[pool], bare.rate(per_rate, pool))
+        p99 = {path: f"p99 {ms(times, 0.99):.2f} ms" for path, times in every.items()}
+        return trips, rates, p99
 
     def raw_echo(self, n: int) -> list[float]:
         """`n` LPUSH/BRPOP echoes through `bench.echo` (the floor: two processes, Redis)."""
@@ -610,41 +620,17 @@ def ms(values: list[float], q: float) -> float:
 
 
 def calls(bench: Bench) -> None:
-    """(a) and (b): a no-op call's round trip and calls per second, against bare Celery."""
+    """(a) and (b): a no-op call's round trip and calls per second, against bare Celery's
+    solo pool (the like-for-like baseline) with its prefork pool beside."""
     console.print(
-        f"(a)/(b): {ROUND_TRIPS} sequential no-op calls in {ROUNDS} blocks alternating with "
-        f"the baselines', then {THROUGHPUT_CALLS} concurrent; one worker process each (clawq's "
-        "default pool, bare Celery's prefork -c 1)"
+        f"(a)/(b): {ROUND_TRIPS} sequential no-op calls per path in {ROUNDS} interleaved "
+        f"rounds, then {THROUGHPUT_CALLS} concurrent; one executing process each (clawq's "
+        "default pool, bare Celery's solo pool and prefork -c 1)"
     )
-    found = bench.round_trips()
-    ours, bare, echo = found["clawq"], found["bare"], found["echo"]
-    our_rate, bare_rate = found["clawq_rate"], found["bare_rate"]
-    table = Table(title="(a) round trip of a no-op tool call")
-    for col in ("path", "p50 ms", "p99 ms", "mean ms", "p50 vs bare Celery"):
-        table.add_column(col, justify="right")
-    for name, times in (
-        ("clawq call path", ours),
-        ("bare Celery apply_async().get()", bare),
-        ("raw Redis LPUSH/BRPOP echo", echo),
-    ):
-        table.add_row(
-            name,
-            f"{ms(times, 0.5):.3f}",
-            f"{ms(times, 0.99):.3f}",
-            f"{statistics.mean(times) * 1e3:.3f}",
-            f"{ms(times, 0.5) / ms(bare, 0.5):.2f}x",
-        )
-    console.print(table)
-    table = Table(title="(b) calls per second, one worker process")
-    for col in ("path", "calls/s", "vs bare Celery"):
-        table.add_column(col, justify="right")
-    table.add_row(
-        "clawq (acks late, prefetch 1, ledger)",
-        f"{our_rate:.0f}",
-        f"{our_rate / bare_rate:.2f}x",
-    )
-    table.add_row("bare Celery (defaults)", f"{bare_rate:.0f}", "1.00x")
-    console.print(table)
+    trips, rates, p99 = bench.round_trips()
+    solo = BARE["solo"]
+    console.print(trips.table("(a) round trip of a no-op tool call", solo, p99))
+    console.print(rates.table("(b) calls per second, one worker process", solo))
 
 
 def main() -> None:

@@ -47,6 +47,7 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
+from bench.rounds import ROUNDS, Rounds
 from broker import keys
 from broker.celery.app import create_app
 from broker.celery.publisher import task_message
@@ -54,9 +55,8 @@ from broker.pg.store import INSERT_JOB, INSERT_SESSION, _job_params
 from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
 from broker.redis.presence import live_processes
 
-TURNS = int(os.environ.get("BENCH_TURNS", "300")) // 3  # per block of (i)
-ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000")) // 3  # per block of (i)
-ROUNDS = 3  # (i)'s alternating blocks of clawq turns and bare Celery round trips
+TURNS = 10 + int(os.environ.get("BENCH_TURNS", "250")) // ROUNDS  # per job of (i): 10 warm up
+ROUND_TRIPS = int(os.environ.get("BENCH_ROUND_TRIPS", "1000")) // ROUNDS  # per round of (i)
 HOT_JOBS = int(os.environ.get("BENCH_HOT_JOBS", "10000"))
 SCALE_JOBS = int(os.environ.get("BENCH_SCALE_JOBS", str(HOT_JOBS)))
 FS_WORKERS = int(os.environ.get("BENCH_FS_WORKERS", "3"))
@@ -193,14 +193,25 @@ def orchestrators(bench: Any) -> int:
 # -- (i) a turn with one call ---------------------------------------------------------------
 
 
-def one_job(bench: Any, wait_for: Any, workspace: str) -> dict[str, list[float]]:
-    """One job of TURNS turns with a list_files call each, on the running stack: the time
-    from one `turn_started` to the next, and within a turn start → queued → finished → the
-    next start (the first ten turns warm up)."""
-    turn = {"tool_calls": [{"id": "c", "name": "list_files", "input": {}}]}
+READ = {"name": "list_files", "input": {}}
+WRITE = {"name": "write_file", "input": {"path": "out.txt", "content": "a line\n"}}
+
+
+def one_job(
+    bench: Any, wait_for: Any, workspace: str, call: dict[str, Any]
+) -> dict[str, list[float]]:
+    """One job of TURNS turns with `call` each, on the running stack: the time from one
+    `turn_started` to the next, and within a turn start → queued → finished → the next
+    start (the first ten turns warm up)."""
+    turn = {"tool_calls": [{"id": "c", **call}]}
     script = {"turns": [turn] * TURNS + [{"text": "done"}]}
     spec = JobSpec(
-        prompt="turns", script=script, workspace=workspace, max_iterations=TURNS + 1, admin=True
+        prompt="turns",
+        script=script,
+        workspace=workspace,
+        max_iterations=TURNS + 1,
+        admin=True,
+        permission_mode="acceptEdits",  # the write needs no approval
     )
     (job_id,) = submit_many(bench, [spec])
     wait_for(lambda: status(bench, job_id) in FINAL_STATUSES, timeout=600)
@@ -229,10 +240,16 @@ def one_job(bench: Any, wait_for: Any, workspace: str) -> dict[str, list[float]]
     }
 
 
-def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
-    """(i): clawq's turns and bare Celery's round trips, measured in alternating blocks
-    (ROUNDS of each) with both stacks up, so that the machine's drift during the run
-    (a shared VM's speed changes by half within minutes) weighs on both alike."""
+TURN_READ = "clawq turn, one list_files"
+TURN_WRITE = "clawq turn, one write_file"
+BARE_SOLO = "bare Celery, solo pool"
+BARE_PREFORK = "bare Celery, prefork -c 1"
+
+
+def one_turn(bench: Any, process: Any, wait_for: Any) -> tuple[Rounds, dict[str, str]]:
+    """(i): a job of list_files turns, one of write_file turns, and bare Celery's round
+    trips on its solo and prefork pools, turn about in ROUNDS rounds with every stack up;
+    each path's median per round, and where a turn's time goes."""
     workspace = tempfile.mkdtemp(prefix="clawq-bench-")
     with open(os.path.join(workspace, "notes.txt"), "w") as fh:
         fh.write("a\nb\n")
@@ -242,33 +259,38 @@ def one_turn(bench: Any, process: Any, wait_for: Any) -> dict[str, float]:
     env = stack_env(bench, 10)
     cli = [PY, "-m", "orchestrator.cli"]
     worker = [PY, "-m", "bench.noop", "1", "direct"]  # the fs tools, and a no-op (unused)
-    clawq: dict[str, list[float]] = {"turns": [], "before": [], "calls": [], "after": []}
-    bare_times: list[float] = []
+    rounds = Rounds("ms")
+    parts: dict[str, dict[str, list[float]]] = {TURN_READ: {}, TURN_WRITE: {}}
     with (
         process([*cli, "orchestrator", "--log-level", "warning"], env) as orch,
         process(worker, env),
-        process(bare.WORKER, bench.env),
+        process(bare.worker("solo"), bench.env),
+        process(bare.worker("prefork"), bench.env),
     ):
         wait_for(bench.workers_ready("fs", 1))
         wait_for(lambda: orchestrators(bench) >= 1)
-        wait_for(lambda: bool(bare.app.control.ping(timeout=0.5)))
-        bare.round_trips(50)  # warm up
+        for pool in bare.POOLS:
+            wait_for(lambda pool=pool: bare.ready(pool))
+            bare.round_trips(50, pool)  # warm up
         with profiled(orch.pid):
             for _ in range(ROUNDS):
-                for name, values in one_job(bench, wait_for, workspace).items():
-                    clawq[name].extend(values)
-                bare_times.extend(bare.round_trips(ROUND_TRIPS))
-    turns = clawq["turns"]
-    return {
-        "turn_ms": statistics.median(turns) * 1e3,
-        "turn_p99_ms": sorted(turns)[int(0.99 * len(turns))] * 1e3,
-        "before_ms": statistics.median(clawq["before"]) * 1e3,
-        "call_ms": statistics.median(clawq["calls"]) * 1e3,
-        "after_ms": statistics.median(clawq["after"]) * 1e3,
-        "turns": len(turns),
-        "bare_ms": statistics.median(bare_times) * 1e3,
-        "round_trips": len(bare_times),
-    }
+                for path, call in ((TURN_READ, READ), (TURN_WRITE, WRITE)):
+                    found = one_job(bench, wait_for, workspace, call)
+                    rounds.add(path, statistics.median(found["turns"]) * 1e3)
+                    for name, values in found.items():
+                        parts[path].setdefault(name, []).extend(values)
+                for path, pool in ((BARE_SOLO, "solo"), (BARE_PREFORK, "prefork")):
+                    rounds.add(path, statistics.median(bare.round_trips(ROUND_TRIPS, pool)) * 1e3)
+    notes = {}
+    for path, found in parts.items():
+        turns = sorted(found["turns"])
+        notes[path] = (
+            f"p99 {turns[int(0.99 * len(turns))] * 1e3:.2f}; start→queued "
+            f"{statistics.median(found['before']) * 1e3:.2f}, queued→finished "
+            f"{statistics.median(found['calls']) * 1e3:.2f}, finished→next start "
+            f"{statistics.median(found['after']) * 1e3:.2f}"
+        )
+    return rounds, notes
 
 
 # -- (j) and (k): many jobs ---------------------------------------------------------------
@@ -393,32 +415,57 @@ def run(
 
 
 def turn(console: Console, bench: Any, process: Any, wait_for: Callable[..., None]) -> None:
-    i = one_turn(bench, process, wait_for)
-    bare = i["bare_ms"]
-    table = Table(
-        title=f"(i) a turn with one list_files call, end to end ({i['turns']:.0f} turns and "
-        f"{i['round_trips']:.0f} bare round trips, in {ROUNDS} alternating blocks)"
+    rounds, notes = one_turn(bench, process, wait_for)
+    title = (
+        f"(i) a turn with one call, end to end, against a bare Celery round trip "
+        f"({TURNS - 10} turns per job, {ROUND_TRIPS} round trips per pool, each round); "
+        "goals: list_files ≤ 1.5x, write_file ≤ 2x the solo pool"
     )
-    for col in ("path", "p50 ms", "vs bare Celery"):
-        table.add_column(col, justify="right")
-    table.add_row(
-        f"clawq turn (p99 {i['turn_p99_ms']:.2f}; start→queued {i['before_ms']:.2f}, "
-        f"queued→finished {i['call_ms']:.2f}, finished→next start {i['after_ms']:.2f})",
-        f"{i['turn_ms']:.2f}",
-        f"{i['turn_ms'] / bare:.2f}x",
-    )
-    table.add_row("bare Celery delay().get() of a no-op", f"{bare:.2f}", "1.00x")
-    console.print(table)
+    console.print(rounds.table(title, BARE_SOLO, notes))
+
+
+JOBS_PATH = "clawq, model turns with one read_file"
+BARE_JOBS = f"bare Celery no-ops, {FS_WORKERS} solo workers"
+
+
+def bare_rate(bench: Any, process: Any, wait_for: Any, n: int) -> float:
+    """(j)'s baseline: as many bare Celery no-ops as (j) made turns, all sent at once, on as
+    many solo-pool workers as (j) has fs worker processes."""
+    os.environ["BENCH_REDIS_URL"] = bench.redis_url
+    from bench import bare
+
+    with contextlib.ExitStack() as stack:
+        for _ in range(FS_WORKERS):
+            stack.enter_context(process(bare.worker("solo"), bench.env))
+        wait_for(lambda: bare.workers("solo") >= FS_WORKERS)
+        bare.rate(100, "solo")  # warm up
+        return bare.rate(n, "solo")
 
 
 def many(console: Console, bench: Any, process: Any, wait_for: Callable[..., None]) -> None:
-    reset(bench)
-    j = many_jobs(bench, process, wait_for, HOT_JOBS, 1)
+    rounds = Rounds("turns/s", lower_is_better=False)
+    runs = []
+    for _ in range(ROUNDS):
+        reset(bench)
+        j = many_jobs(bench, process, wait_for, HOT_JOBS, 1)
+        runs.append(j)
+        rounds.add(JOBS_PATH, j["turns_per_s"])
+        reset(bench)
+        rounds.add(BARE_JOBS, bare_rate(bench, process, wait_for, int(j["turns"])))
+    rss = max(r["rss_mb"] for r in runs)
+    per_turn = statistics.median(r["orch_cpu"] / r["turns_per_s"] * 1e3 for r in runs)
+    title = (
+        f"(j) {HOT_JOBS} scripted jobs at once on one orchestrator, against bare Celery; "
+        "goal: ≥ 1,000 turns/s, RSS < 500 MB"
+    )
+    notes = {JOBS_PATH: f"peak RSS {rss:.0f} MB; orchestrator CPU {per_turn:.2f} ms per turn"}
+    console.print(rounds.table(title, BARE_JOBS, notes))
+    j = runs[len(runs) // 2]
     reset(bench)
     k = many_jobs(bench, process, wait_for, SCALE_JOBS, 2)
     reset(bench)
     j_scale = j if SCALE_JOBS == HOT_JOBS else many_jobs(bench, process, wait_for, SCALE_JOBS, 1)
-    rows = [(1, j, 1.0)]
+    rows = [(1, r, 1.0) for r in runs]
     if j_scale is not j:
         rows.append((1, j_scale, 1.0))
     rows.append((2, k, k["turns_per_s"] / (2 * j_scale["turns_per_s"])))

@@ -1,6 +1,6 @@
 """(m) web_fetch at scale: 200 concurrent calls of a local endpoint that answers after 200 ms,
 through ONE web worker process (threads pool), against bare httpx asyncio fetching the same
-200 URLs in the same run. Both walls and the ratio are printed; every call must succeed."""
+200 URLs, turn about in ROUNDS rounds of one run (bench/rounds.py); every call must succeed."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
+from bench.rounds import ROUNDS, Rounds
 from broker.protocol import CallContext, CallEnvelope
 from orchestrator.calls.dispatch import running_dispatcher
 
@@ -103,26 +103,26 @@ def run(console: Console, bench: Any, process: Any, wait_for: Any) -> None:
         "--log-level",
         "warning",
     ]
+    rounds = Rounds("s")
     try:
         base_urls = [f"http://127.0.0.1:{port}/p?n={i}" for i in range(CALLS)]
-        bare_wall = asyncio.run(bare(base_urls))
         with process(worker, env):
             wait_for(bench.workers_ready("web", 1))
-            run_id = uuid.uuid4().hex[:6]  # fresh URLs: nothing comes from the cache
-            ours = asyncio.run(through_clawq(bench, [f"{u}&r={run_id}" for u in base_urls]))
+            for _ in range(ROUNDS):
+                fresh = uuid.uuid4().hex[:6]  # fresh URLs: nothing comes from the cache
+                rounds.add(BARE, asyncio.run(bare([f"{u}&r={fresh}" for u in base_urls])))
+                fresh = uuid.uuid4().hex[:6]
+                ours = asyncio.run(through_clawq(bench, [f"{u}&r={fresh}" for u in base_urls]))
+                rounds.add(OURS, ours)
     finally:
         server.shutdown()
         server.server_close()
-    table = Table(
-        title=f"(m) {CALLS} concurrent web_fetch of a {DELAY_S * 1000:.0f} ms endpoint, "
-        f"one web worker process ({THREADS} threads)"
+    title = (
+        f"(m) {CALLS} concurrent web_fetch of a {DELAY_S * 1000:.0f} ms endpoint, one web "
+        f"worker process ({THREADS} threads), wall; goal: ≤ 1.5x bare httpx"
     )
-    for col in ("path", "wall s", "vs bare httpx asyncio"):
-        table.add_column(col, justify="right")
-    table.add_row("bare httpx.AsyncClient, same URLs", f"{bare_wall:.3f}", "1.00x")
-    table.add_row(
-        "clawq web_fetch (queue, worker, egress guard, extraction)",
-        f"{ours:.3f}",
-        f"{ours / bare_wall:.2f}x",
-    )
-    console.print(table)
+    console.print(rounds.table(title, BARE))
+
+
+BARE = "bare httpx.AsyncClient, same server"
+OURS = "clawq web_fetch (queue, worker, egress guard, extraction)"
