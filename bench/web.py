@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
-import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -84,10 +84,20 @@ async def through_clawq(bench: Any, urls: list[str]) -> float:
         return time.perf_counter() - started
 
 
-def run(console: Console, bench: Any, process: Any, wait_for: Any) -> None:
+def serve() -> None:
+    """The endpoint, in a process of its own (`python -m bench.web`): in the bench's
+    process its threads would share a GIL with the bare client and slow the baseline."""
     server = Server(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    port = server.server_address[1]
+    print(server.server_address[1], flush=True)
+    server.serve_forever(0.05)
+
+
+def run(console: Console, bench: Any, process: Any, wait_for: Any) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.web"], stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout is not None
+    port = int(server.stdout.readline())
     env = {
         **bench.env,
         "CLAWQ_WEB_PRIVATE_ALLOW": f'["127.0.0.1:{port}"]',
@@ -115,8 +125,8 @@ def run(console: Console, bench: Any, process: Any, wait_for: Any) -> None:
                 ours = asyncio.run(through_clawq(bench, [f"{u}&r={fresh}" for u in base_urls]))
                 rounds.add(OURS, ours)
     finally:
-        server.shutdown()
-        server.server_close()
+        server.terminate()
+        server.wait(15)
     title = (
         f"(m) {CALLS} concurrent web_fetch of a {DELAY_S * 1000:.0f} ms endpoint, one web "
         f"worker process ({THREADS} threads), wall; goal: ≤ 1.5x bare httpx"
@@ -126,3 +136,7 @@ def run(console: Console, bench: Any, process: Any, wait_for: Any) -> None:
 
 BARE = "bare httpx.AsyncClient, same server"
 OURS = "clawq web_fetch (queue, worker, egress guard, extraction)"
+
+
+if __name__ == "__main__":
+    serve()
