@@ -109,6 +109,7 @@ def released(job_id: str) -> str:
 
 
 CHANGES_CHANNEL = f"{PREFIX}:changes"
+CONFIG_TOPIC = "config"  # the live configuration's topic (broker/config/live.py)
 
 
 def version(topic: str) -> str:

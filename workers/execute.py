@@ -104,9 +104,9 @@ class WorkerRuntime(Upkeep):
         from broker.redis.changes import Listener
 
         # live configuration (web domain lists, channels, …) reaches this process within
-        # moments, and each call checks its counter first (`follow_config`)
+        # moments, and each call's claim reads its counter too (`follow_config`)
         Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
-        runtime.follow_config()  # applied before this process began
+        runtime.reload_settings()  # what was applied before this process began
         if "runtime" in queues:
             threading.Thread(
                 target=runtime.end_sessions, name="clawq-sessions", daemon=True
@@ -142,7 +142,6 @@ class WorkerRuntime(Upkeep):
         changes nothing); any other call, and a read sent again (its runner died: it may
         be what kills them), runs only once the ledger has said it may. Redis away at any
         step is waited for: the claim, the answer, the outcome."""
-        self.follow_config()
         claim = (
             envelope.job_id,
             envelope.turn,
@@ -158,6 +157,8 @@ class WorkerRuntime(Upkeep):
                 begun, ahead = begun
         else:
             begun = self.outcomes.begin(*claim)
+        if self.follow_config(begun.config_version):  # moved: a read ahead ran under the old
+            ahead = None
         started = time.time()
         if begun.verdict == "done":
             self.outcomes.push(envelope.reply_to, begun.detail)  # a lost reply is re-sent
@@ -237,9 +238,17 @@ class WorkerRuntime(Upkeep):
         return tool is not None and tool.side_effect == SideEffect.read
 
     def runs_ahead(self, envelope: CallEnvelope) -> bool:
-        """Whether the call may run before the ledger's verdict: a declared read, on its
-        first delivery, not yet expired."""
-        return self.is_read(envelope) and not envelope.resent and time.time() <= envelope.deadline
+        """Whether the call may run before the ledger's verdict: a declared read that does
+        not reach the network (the verdict says which live configuration is in force), on
+        its first delivery, not yet expired."""
+        tool = self.registry.declared(envelope.tool)
+        return (
+            tool is not None
+            and tool.side_effect == SideEffect.read
+            and not tool.uses_egress
+            and not envelope.resent
+            and time.time() <= envelope.deadline
+        )
 
     def traced(self, envelope: CallEnvelope, revoked: str = "") -> ToolResult:
         with tracing.span(

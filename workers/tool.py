@@ -118,6 +118,11 @@ class Tool(Generic[InputT]):
     # a failure here means shared state is not as expected: running siblings are stopped
     cascades_on_error: ClassVar[bool] = False
 
+    # it reaches the network through the egress guard, whose domain lists are live
+    # configuration: even as a read, it never runs before its claim has said which
+    # configuration is in force (workers/execute.py `runs_ahead`)
+    uses_egress: ClassVar[bool] = False
+
     # state held in one worker process (a browser): the tool pins its session there by
     # writing keys.pin(session, tool), and the orchestrator sends the session's later
     # calls to the pinned queue while that process lives

@@ -34,19 +34,17 @@ class Upkeep:
     _reloading: threading.Lock
     _retry_at: float
 
-    def follow_config(self) -> None:
-        """Reload when the live configuration moved since it was loaded: one Redis read,
-        so a change applied before a call is in force for it (the notice may be late). A
-        load that failed is tried again at most once a second."""
-        from broker.config import live as live_config
-        from broker.redis import changes
-
-        try:
-            now = changes.version(self.redis, live_config.TOPIC)
-        except redis.RedisError:
-            return
-        if now != self.config_version and time.monotonic() >= self._retry_at:
-            self.reload_settings()
+    def follow_config(self, version: int) -> bool:
+        """Reload when the live configuration moved since it was loaded (`version`: its
+        counter as a call's claim read it, -1 unread), so a change applied before a call
+        is in force for it (the notice may be late); whether it reloaded. A load that
+        failed is tried again at most once a second."""
+        if version < 0 or version == self.config_version:
+            return False
+        if time.monotonic() < self._retry_at:
+            return False
+        self.reload_settings()
+        return True
 
     def reload_settings(self, topic: str = "") -> None:
         """The environment's settings with the applied live configuration over them, and a

@@ -19,12 +19,13 @@ import redis
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ValidationError
 
+from broker import keys
 from broker.config.settings import Settings
 from broker.errors import ConfigurationError
 from broker.pg.store import Store
 from broker.redis import changes
 
-TOPIC = "config"
+TOPIC = keys.CONFIG_TOPIC
 LIVE_KEYS = (
     "tool_policy",
     "agent_permissions",

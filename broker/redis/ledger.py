@@ -4,7 +4,9 @@ Each call has a hash keyed by job and call id. A worker `begin`s a call before r
 and `finish`es it after; both are single Lua scripts, so two deliveries of the same call
 can never both run it while its first runner is alive, and the outcome is recorded and
 pushed to the waiting orchestrator in one atomic step. `begin` also reads the call's
-cancel flags, so a call revoked while it waited is refused without a round trip of its own.
+cancel flags, so a call revoked while it waited is refused without a round trip of its own,
+and the live configuration's version, so a worker sees a change applied before the call
+without a round trip of its own either.
 `begin_sent` sends the same `begin` and reads its answer later, so a call that is harmless
 to run twice (a read) runs while its claim is on the way.
 
@@ -27,21 +29,22 @@ from redis.exceptions import NoScriptError
 from broker import keys
 
 BEGIN = """
+local cfg = redis.call('GET', KEYS[4]) or '0'
 local st = redis.call('HGET', KEYS[1], 'status')
-if st == 'done' then return {'done', redis.call('HGET', KEYS[1], 'outcome')} end
+if st == 'done' then return {'done', redis.call('HGET', KEYS[1], 'outcome'), '', '', cfg} end
 local again = ''
 if st == 'running' then
   local owner = redis.call('HGET', KEYS[1], 'proc')
   if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'started_at') == ARGV[4] then
     -- this very claim sent again (its reply was lost on the way): the same answer
     local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
-    return {'run', redis.call('HGET', KEYS[1], 'attempts'), cancelled, ''}
+    return {'run', redis.call('HGET', KEYS[1], 'attempts'), cancelled, '', cfg}
   end
   if owner ~= ARGV[1] then
-    if redis.call('EXISTS', ARGV[5] .. owner) == 1 then return {'busy', owner} end
+    if redis.call('EXISTS', ARGV[5] .. owner) == 1 then return {'busy', owner, '', '', cfg} end
     -- no heartbeat: dead, unless Redis has just come back (every heartbeat lapsed)
     local up = string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')
-    if tonumber(up) < tonumber(ARGV[6]) then return {'busy', owner} end
+    if tonumber(up) < tonumber(ARGV[6]) then return {'busy', owner, '', '', cfg} end
   end
   again = 'ran'
 elseif st == 'released' then
@@ -49,10 +52,10 @@ elseif st == 'released' then
 end
 local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-if n > tonumber(ARGV[2]) then return {'exhausted', tostring(n - 1)} end
+if n > tonumber(ARGV[2]) then return {'exhausted', tostring(n - 1), '', '', cfg} end
 redis.call('HSET', KEYS[1], 'status', 'running', 'proc', ARGV[1], 'started_at', ARGV[4])
 local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
-return {'run', tostring(n), cancelled, again}
+return {'run', tostring(n), cancelled, again, cfg}
 """
 
 # KEYS: the call; ARGV: its owner, when it started. A live process that no longer holds
@@ -85,13 +88,21 @@ class Begin:
     detail: str  # attempt number, stored outcome JSON, or the busy owner
     cancelled: str = ""  # with "run": why the call must not run (its job or it was revoked)
     again: bool = False  # with "run": an earlier run began and never recorded an outcome
+    config_version: int = -1  # the live configuration's version as it was claimed (-1: unread)
 
 
 class Ledger:
     """Synchronous ledger operations, used inside worker processes."""
 
-    def __init__(self, client: redis.Redis, ttl_s: int, trust_after_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        ttl_s: int,
+        trust_after_s: float = 5.0,
+        config_key: str = keys.version(keys.CONFIG_TOPIC),
+    ) -> None:
         self.client = client
+        self.config_key = config_key  # its version comes with each verdict (`follow_config`)
         self.ttl_s = ttl_s
         self.trust_after_s = trust_after_s  # Redis up this long: a lapsed heartbeat is death
         self._begin = client.register_script(BEGIN)
@@ -144,13 +155,12 @@ class Ledger:
             keys.call(job_id, turn, call_id),
             keys.cancel(job_id),
             keys.cancel_call(job_id, turn, call_id),
+            self.config_key,
         ]
         args = [proc_id, max_deliveries, self.ttl_s, now, keys.PROC_PREFIX, self.trust_after_s]
         return names, args
 
 
 def _verdict(found: list[Any]) -> Begin:
-    verdict, detail, *rest = (v.decode() if v else "" for v in found)
-    cancelled = rest[0] if rest else ""
-    again = len(rest) > 1 and rest[1] == "ran"
-    return Begin(verdict, detail, cancelled, again)  # type: ignore[arg-type]
+    verdict, detail, cancelled, again, config = (v.decode() if v else "" for v in found)
+    return Begin(verdict, detail, cancelled, again == "ran", int(config or 0))  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from broker import keys
 from broker.config import live as live_config
 from broker.pg.store import Store
 from broker.protocol import CallContext, CallEnvelope
@@ -58,7 +59,7 @@ def test_a_change_applied_before_a_call_is_in_force_for_it(
         outcomes=Outcomes(ledger, client, str(tmp_path / "spool"), base.outage_retry_s),
         base_settings=base,
     )
-    runtime.follow_config()  # nothing applied yet: the environment rules
+    runtime.reload_settings()  # nothing applied yet: the environment rules
     assert runtime.config_version == 0 and not runtime.settings.message_channels
     store = Store(base.database_url)
     channel = {"kind": "telegram", "token_env": "TEST_RELOAD_TG_TOKEN"}
@@ -76,12 +77,56 @@ def test_a_change_applied_before_a_call_is_in_force_for_it(
     client.close()
 
 
-def envelope(call_id: str, input_: dict[str, Any]) -> CallEnvelope:
+def test_a_read_that_reaches_the_network_waits_for_the_configuration_in_force(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """A read runs while its claim is on its way, but the claim brings the configuration's
+    version: a web_fetch waits for it, so a site left off the allowed list before it was sent is never
+    contacted (the change's notice is not sent here: only the claim can tell)."""
+    page = Reply(200, b"<html><body><p>the page</p></body></html>", "text/html")
+    with Site({"/page": page}) as site:
+        base = isolated.settings.model_copy(update={"web_private_allow": [site.endpoint]})
+        client = redis.Redis.from_url(base.redis_url)
+        ledger = Ledger(client, 600)
+        runtime = WorkerRuntime(
+            base,
+            default_registry(),
+            "web",
+            "worker:test:2",
+            client,
+            ledger,
+            heartbeat=None,  # type: ignore[arg-type]  # not used by a call
+            scrub=Scrubber(secrets_of(base)),
+            outcomes=Outcomes(ledger, client, str(tmp_path / "spool"), base.outage_retry_s),
+            base_settings=base,
+        )
+        runtime.reload_settings()
+        fetched = runtime.run_call(envelope("f1", {"url": site.url + "/page"}, "web_fetch"))
+        assert fetched is not None and "the page" in fetched.for_llm, fetched
+        assert site.paths() == ["/page"]
+        store = Store(base.database_url)
+        live_config.LiveConfigStore(store.conn).apply(
+            base, {"web_allow_domains": ["example.com"]}, "t"
+        )
+        store.close()
+        client.incr(keys.version(live_config.TOPIC))  # applied; its notice not yet heard
+        refused = runtime.run_call(envelope("f2", {"url": site.url + "/page?2"}, "web_fetch"))
+        assert (
+            refused is not None and refused.is_error and "not on the allowed" in refused.for_llm
+        ), refused
+        assert site.paths() == ["/page"]  # never contacted under the old lists
+        assert runtime.settings.web_allow_domains == ["example.com"]
+        egress_for(runtime.settings).close()
+        runtime.store().close()
+        client.close()
+
+
+def envelope(call_id: str, input_: dict[str, Any], tool: str = "message") -> CallEnvelope:
     return CallEnvelope(
         call_id=call_id,
         job_id="j",
         session_id="s",
-        tool="message",
+        tool=tool,
         input=input_,
         context=CallContext(workspace="/tmp"),
         timeout_s=30,

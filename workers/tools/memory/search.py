@@ -155,6 +155,7 @@ class MemorySearch(Tool[MemorySearchInput]):
     group = Group.memory
     input_model = MemorySearchInput
     side_effect = SideEffect.read
+    uses_egress = True
     default_permission = "allow"
     timeout_s = 30.0
 

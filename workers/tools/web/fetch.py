@@ -67,6 +67,7 @@ class WebFetch(Tool[WebFetchInput]):
     group = Group.web
     input_model = WebFetchInput
     side_effect = SideEffect.read
+    uses_egress = True
     default_permission = "ask"
     timeout_s = 60.0
 

@@ -39,6 +39,7 @@ class WebSearch(Tool[WebSearchInput]):
     group = Group.web
     input_model = WebSearchInput
     side_effect = SideEffect.read
+    uses_egress = True
     default_permission = "allow"
     timeout_s = 60.0
 
