@@ -113,7 +113,13 @@ class Orchestrator:
             outage_s=self.settings.outage_retry_s,
         )
         await self.store.open()
-        http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
+        # httpx's default pool (100 connections, 20 idle) makes the jobs past the 100th
+        # queue, and its every request and close scans the queue against the connections
+        n = self.settings.model_connections
+        http = httpx.AsyncClient(
+            timeout=self.settings.model_timeout_s,
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+        )
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
         self.approvals = Approvals(self.redis)
         self.services = Services(
