@@ -17,7 +17,6 @@ writes py-spy's stacks of each run's orchestrator there.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
@@ -34,8 +33,9 @@ from rich.table import Table
 from bench import hotpath
 from bench.llm_stream import reply_text
 from broker import keys
-from broker.protocol import FINAL_STATUSES, JobSpec
+from broker.protocol import FINAL_STATUSES, Event, JobSpec
 from broker.redis.presence import live_processes
+from orchestrator.client.deltas import Folder, JobEnded, TextDelta
 
 JOBS = int(os.environ.get("BENCH_STREAM_JOBS", "1000"))
 TURNS = int(os.environ.get("BENCH_STREAM_TURNS", "3"))
@@ -78,32 +78,35 @@ def not_completed(bench: Any, ids: list[str]) -> int:
     return int(row[0]) if row else 0
 
 
-def deltas_sent(bench: Any, ids: list[str], on: bool) -> int:
-    """The model_delta events the jobs sent; raises if a turn's deltas are not its reply
-    (on) or if there are any (off)."""
+def what_clients_saw(bench: Any, ids: list[str], on: bool) -> tuple[int, int]:
+    """The jobs' model_delta events, and their events sent twice (a batch sent again after
+    its reply was late: at least once, as documented); raises unless each turn's text,
+    folded as a client folds it (`job.stream()`), is the reply the server streamed, wholly
+    from deltas (on) or wholly from `model_text` (off)."""
     pipe = bench.redis.pipeline(transaction=False)
     for job_id in ids:
         pipe.xrange(keys.events(job_id))
-    count = 0
+    deltas = twice = 0
     for job_id, entries in zip(ids, pipe.execute(), strict=True):
-        texts: dict[int, str] = {}
-        for _, fields in entries:
-            event = json.loads(fields[b"e"])
-            if event["type"] == "model_delta":
-                count += 1
-                turn = event["data"]["turn"]
-                texts[turn] = texts.get(turn, "") + event["data"]["text"]
-        want = {t + 1: reply_text(t) for t in range(TURNS)} if on else {}
-        if texts != want:
-            resets = sum(1 for _, f in entries if b'"reset":true' in f[b"e"])
-            types = [json.loads(f[b"e"])["type"] for _, f in entries]
-            raise RuntimeError(
-                f"job {job_id}: its deltas are not the replies streamed "
-                f"({ {t: len(x) for t, x in texts.items()} } vs "
-                f"{ {t: len(x) for t, x in want.items()} }, {resets} resets, "
-                f"events {[t for t in types if t != 'model_delta']})"
-            )
-    return count
+        folder, seen = Folder(), set()
+        streamed: dict[int, str] = {}
+        final: dict[int, str] = {}
+        for stream_id, fields in entries:
+            twice += fields[b"e"] in seen
+            seen.add(fields[b"e"])
+            event = Event.model_validate_json(fields[b"e"]).model_copy(update={"id": stream_id})
+            deltas += event.type == "model_delta"
+            for item in folder.take(event):
+                if isinstance(item, JobEnded):
+                    continue
+                if not isinstance(item, TextDelta):
+                    raise RuntimeError(f"job {job_id}: {item!r}")
+                into = final if item.final else streamed
+                into[item.turn] = into.get(item.turn, "") + item.text
+        want = {t + 1: reply_text(t) for t in range(TURNS)}
+        if (streamed, final) != ((want, {}) if on else ({}, want)):
+            raise RuntimeError(f"job {job_id}: not the replies streamed: {streamed} {final}")
+    return deltas, twice
 
 
 def one_run(
@@ -140,12 +143,14 @@ def one_run(
             wait_for(lambda: unfinished(bench, ids, running) == 0, timeout=900)
         wall = time.perf_counter() - started
         cpu = hotpath.process_cpu(orch.pid) - cpu
+    deltas, twice = what_clients_saw(bench, ids, on)
     return {
         "cpu_s": cpu,
         "wall_s": wall,
         "failed": not_completed(bench, ids + warm),
         "highest": max(running),
-        "deltas": deltas_sent(bench, ids, on),
+        "deltas": deltas,
+        "twice": twice,
     }
 
 
@@ -190,6 +195,7 @@ def run(console: Console, bench: Any, process: Any, wait_for: Callable[..., None
         "model_delta per turn",
         "most running",
         "not completed",
+        "events sent twice",
         "CPU vs without",
     ):
         table.add_column(col, justify="right")
@@ -203,6 +209,7 @@ def run(console: Console, bench: Any, process: Any, wait_for: Callable[..., None
             f"{statistics.median(r['deltas'] for r in runs[on]) / (JOBS * TURNS):.1f}",
             f"{min(r['highest'] for r in runs[on]):.0f}",
             str(sum(int(r["failed"]) for r in runs[on])),
+            str(sum(int(r["twice"]) for r in runs[on])),
             f"{statistics.median(cpu) / base:.3f}x",
         )
     console.print(table)
