@@ -39,7 +39,7 @@ TEXT_CAP = 2 * TELEGRAM_LIMIT + 8  # of a preview's text: it shows one message's
 WORK_S = 60.0  # of one task; a longer final goes on in a new task
 NOT_MODIFIED = "message is not modified"  # Telegram's answer to an edit that changes nothing
 
-# the chat's next request may go now (and the one after an interval later), or in N ms
+# the chat is free now: held for a request (ARGV[1] ms at most), or N ms still to wait
 SLOT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -48,6 +48,15 @@ if free > now then return free - now end
 redis.call('SET', KEYS[1], now + tonumber(ARGV[1]), 'PX', tonumber(ARGV[1]) + 1000)
 return 0
 """
+# the request is over: the chat's next one an interval (ARGV[1] ms) from now, so two
+# requests reach the provider at least that far apart however long each took to go
+FREE_AFTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], now + tonumber(ARGV[1]), 'PX', tonumber(ARGV[1]) + 1000)
+return 0
+"""
+POLL_S = 0.05  # how often a request waiting for its chat looks again
 UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -182,12 +191,15 @@ class PreviewWriter:
         config = self.settings.message_channels.get(name)
         return (config.live_interval_s if config else 0) or self.settings.chat_preview_interval_s
 
-    def lock_ms(self, name: str) -> int:
-        """Past one request (its connect and read timeouts) and the longest wait for the
-        chat's slot: a process that holds it has its request done or given up."""
+    def request_s(self) -> float:
+        """The longest one request to a provider takes (its connect and read timeouts)."""
         s = self.settings
-        request_s = max(s.message_timeout_s, s.web_connect_timeout_s + s.web_read_timeout_s)
-        return int((request_s + 2 * self.interval_s(name) + 5) * 1000)
+        return max(s.message_timeout_s, s.web_connect_timeout_s + s.web_read_timeout_s) + 1
+
+    def lock_ms(self, name: str) -> int:
+        """Past one request and the longest wait for the chat's slot: a process that held
+        it has its request done or given up."""
+        return int((self.request_s() + 2 * self.interval_s(name) + 4) * 1000)
 
     def run(self, job_id: str) -> None:
         """The task: the newest version in the chat, if no other process is on it (that
@@ -237,38 +249,57 @@ class PreviewWriter:
             wait = self.slot(r.channel, r.chat)
             if wait:
                 return wait
-            self.redis.eval(EXTEND, 1, lock, token, self.lock_ms(r.channel))
-            if r.final:
-                due = time.time() + self.settings.chat_preview_retry_s
-                self.redis.zadd(keys.CHAT_FINALS_DUE, {job_id: due}, xx=True)
-            now = Record.read(self.redis, job_id)  # newer text may have come while it waited
-            if now is not None and now.version != r.version:
-                r, newest = now, next_step(now, self.limit)
-                if newest is None or newest.kind == "skip":
-                    continue
-                step = newest
-            backoff = self.request(key, job_id, r, step)
-            if backoff is not None:
-                return backoff
-            if not r.final:  # one preview request a task: the next wake-up brings the next
-                newer = Record.read(self.redis, job_id)
-                if newer is not None and next_step(newer, self.limit) is not None:
-                    return self.interval_s(r.channel)
-                return None
+            try:
+                done, again = self.held(job_id, lock, token, r, step)
+            finally:
+                self.free_after(r.channel, r.chat)
+            if done:
+                return again
+
+    def held(
+        self, job_id: str, lock: str, token: str, r: Record, step: Step
+    ) -> tuple[bool, float | None]:
+        """With the chat held: the request for the newest version. Whether this task is
+        done, and the countdown for a new one."""
+        key = keys.chat_preview(job_id)
+        self.redis.eval(EXTEND, 1, lock, token, self.lock_ms(r.channel))
+        if r.final:
+            due = time.time() + self.settings.chat_preview_retry_s
+            self.redis.zadd(keys.CHAT_FINALS_DUE, {job_id: due}, xx=True)
+        now = Record.read(self.redis, job_id)  # newer text may have come while it waited
+        if now is not None and now.version != r.version:
+            r, newest = now, next_step(now, self.limit)
+            if newest is None or newest.kind == "skip":
+                return False, None
+            step = newest
+        backoff = self.request(key, job_id, r, step)
+        if backoff is not None:
+            return True, backoff
+        if r.final:
+            return False, None
+        # one preview request a task: the next wake-up brings the next version
+        newer = Record.read(self.redis, job_id)
+        if newer is not None and next_step(newer, self.limit) is not None:
+            return True, self.interval_s(r.channel)
+        return True, None
 
     def slot(self, name: str, chat: str) -> float:
-        """Waits for the chat's next slot and takes it: 0, or the seconds still to wait
-        when that is more than two intervals off (other jobs of the chat go first)."""
-        interval = self.interval_s(name)
-        waited = 0.0
-        while True:
-            ms = int(self.redis.eval(SLOT, 1, keys.chat_slot(name, chat), int(interval * 1000)))
-            if not ms:
-                return 0.0
-            if waited + ms / 1000 > 2 * interval:
-                return ms / 1000
-            time.sleep(ms / 1000)
-            waited += ms / 1000
+        """Waits for the chat to be free and holds it for one request: 0, or when it is
+        still busy after two intervals (other jobs of the chat first), the countdown for
+        a new try."""
+        interval, key = self.interval_s(name), keys.chat_slot(name, chat)
+        hold_ms = int(self.request_s() * 1000)
+        until = time.monotonic() + 2 * interval
+        while ms := int(self.redis.eval(SLOT, 1, key, hold_ms)):
+            left = until - time.monotonic()
+            if left <= 0:
+                return interval
+            time.sleep(min(ms / 1000, left, POLL_S))
+        return 0.0
+
+    def free_after(self, name: str, chat: str) -> None:
+        ms = int(self.interval_s(name) * 1000)
+        self.redis.eval(FREE_AFTER, 1, keys.chat_slot(name, chat), ms)
 
     def request(self, key: str, job_id: str, r: Record, step: Step) -> float | None:
         """One request to the provider, recorded; a failure is logged (redacted by the
