@@ -213,6 +213,27 @@ def test_slack_shows_the_answer_as_it_streams_and_ends_with_the_final(
     assert_paced(got)
 
 
+def test_two_jobs_in_one_chat_share_its_pace(
+    cluster: Cluster, provider: tuple[Provider, Site], tmp_path: Path
+) -> None:
+    """The limit is the chat's: two answers streaming to it at once, each previewed in its
+    own message, reach the provider an interval apart altogether."""
+    seen, _ = provider
+    MODE["answer"] = lambda a: streamed(a, WORDS, DELAY_S)
+    jobs = [from_chat(cluster, tmp_path, "tg", "5002", model="openai:gpt-s") for _ in range(2)]
+    assert all(j.wait(timeout=60).final_text == TEXT for j in jobs)
+
+    def both() -> list[Request]:
+        got = seen.to("5002")
+        finals = [r for r in got if r.method == "editMessageText" and r.body["text"] == TEXT]
+        return got if len(finals) == 2 else []
+
+    got = wait_until(both, 30, "both finals")
+    assert [r.method for r in got].count("sendMessage") == 2  # a message each
+    assert len(got) >= 6
+    assert_paced(got)
+
+
 def test_a_reply_asked_again_starts_the_preview_over(
     cluster: Cluster, provider: tuple[Provider, Site], tmp_path: Path
 ) -> None:
