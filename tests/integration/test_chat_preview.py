@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import redis
 
+from broker import keys
 from broker.celery.app import create_app
 from broker.redis.presence import live_processes
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
@@ -192,7 +193,7 @@ def test_telegram_shows_the_answer_as_it_streams_and_ends_with_the_final(
     assert_growing_then_final(got, "editMessageText", TEXT)
     assert_paced(got)
     gaps = [b.at - a.at for a, b in itertools.pairwise(got)]
-    print(f"\ntelegram: {len(got)} requests, gaps {min(gaps):.3f}–{max(gaps):.3f} s")
+    print(f"\ntelegram: {len(got)} requests, gaps {min(gaps):.3f} to {max(gaps):.3f} s")
     ended = next(e for e in job.events() if e.type == "job_finished")
     assert got[0].at < ended.at - 1.0  # the chat saw text well before the job ended
 
@@ -295,10 +296,16 @@ def test_a_channel_without_live_answers_and_subagents_post_nothing(
     assert cluster.client.job(rows[0]["id"]).result().final_text == "the announce job's answer"
     child = parent.subagents()[0]
     assert cluster.client.job(child.id).wait(timeout=30).final_text == "the child's answer"
-    final_in_chat(seen, "5004", "the parent's answer", "sendMessage")
+    wait_until(
+        lambda: any(r.body["text"] == "the parent's answer" for r in seen.to("5004")),
+        30,
+        "the parent's answer in its chat",
+    )
     time.sleep(3 * INTERVAL_S + 1)  # a late post would have come by now
     assert [r.body["text"] for r in seen.to("5004")] == ["the parent's answer"]
     assert seen.to("5003") == []
+    with redis.Redis.from_url(cluster.iso.redis_url) as client:  # not even handed over
+        assert not client.exists(keys.chat_preview(quiet.id), keys.chat_preview(child.id))
 
 
 def test_a_final_woken_again_is_posted_once(

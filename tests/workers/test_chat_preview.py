@@ -1,17 +1,37 @@
 """The pure parts of a job's answer written live in its chat: which channels may have it
 (refused at validation where a message cannot be edited), how a long answer is cut into
 messages as Telegram counts (UTF-16 code units), and the next request a record needs.
-The whole path, with real workers and providers, is tests/integration/test_chat_preview.py."""
+And the writer itself on real Redis against a local server speaking Telegram's Bot API:
+one process writes a job's preview at a time. The whole path, with a real orchestrator
+and Celery workers, is tests/integration/test_chat_preview.py."""
 
 from __future__ import annotations
 
+import json
 import random
+import threading
+import time
+from typing import Any
 
 import pytest
+import redis
 
+from broker import keys
 from broker.config.live import ConfigError, validate
 from broker.config.settings import Settings
-from workers.tools.messaging.preview import Record, Step, first_part, next_step, parts, units
+from tests.conftest import Isolated
+from tests.sites import Reply, Seen, Site
+from workers.tools.messaging.preview import (
+    PreviewWriter,
+    Record,
+    Step,
+    first_part,
+    next_step,
+    parts,
+    units,
+)
+
+TOKEN = "4242:preview-unit"
 
 
 @pytest.mark.parametrize(
@@ -84,3 +104,56 @@ def test_the_next_request_follows_the_record() -> None:
         "send", first, 0
     )
     assert next_step(Record(text=long, final=True, done=True), 4096) is None
+
+
+def test_one_process_writes_a_jobs_preview_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two wake-ups at once while Telegram takes a second to answer the first send: the
+    second process leaves it to the first (it must not take the send under way for a dead
+    one's and give the message up). Then the final edits that message, once, however
+    often it is woken."""
+    monkeypatch.setenv("TEST_PREVIEW_UNIT_TOKEN", TOKEN)
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def telegram(seen: Seen) -> Reply:
+        method = seen.path.rsplit("/", 1)[1]
+        calls.append((method, seen.json()))
+        if method == "sendMessage":
+            time.sleep(1.0)
+        result = {"message_id": 700 + len(calls)}
+        return Reply(200, json.dumps({"ok": True, "result": result}).encode(), "application/json")
+
+    routes: dict[str, Any] = {
+        f"/bot{TOKEN}/{m}": telegram for m in ("sendMessage", "editMessageText")
+    }
+    with Site(routes) as site:
+        channel = {"kind": "telegram", "token_env": "TEST_PREVIEW_UNIT_TOKEN", "live_answers": True}
+        iso = Isolated(
+            message_channels={"tg": channel | {"api_base": site.url}},
+            web_private_allow=[site.endpoint],
+            chat_preview_interval_s=0.2,
+        )
+        client = redis.Redis.from_url(iso.redis_url)
+        try:
+            key = keys.chat_preview("j1")
+            client.hset(key, mapping={"version": 1, "channel": "tg", "chat": "42", "text": "Hi"})
+            resent: list[tuple[str, float]] = []
+            writer = PreviewWriter(iso.settings, client, lambda job, at: resent.append((job, at)))
+            first = threading.Thread(target=writer.run, args=("j1",))
+            first.start()
+            time.sleep(0.3)  # the send is under way
+            writer.run("j1")
+            first.join(10)
+            r = Record.read(client, "j1")
+            assert r is not None and (r.message, r.applied, r.lost) == ("701", 1, False)
+            assert [m for m, _ in calls] == ["sendMessage"]
+            client.hset(key, mapping={"version": 2, "text": "Hi there", "final": 1})
+            for _ in range(3):
+                writer.run("j1")
+            assert calls[1:] == [
+                ("editMessageText", {"chat_id": "42", "message_id": 701, "text": "Hi there"})
+            ]
+            assert (Record.read(client, "j1") or Record()).done
+            assert client.zscore(keys.CHAT_FINALS_DUE, "j1") is None
+        finally:
+            client.close()
+            iso.drop()

@@ -250,28 +250,25 @@ class PreviewWriter:
             if wait:
                 return wait
             try:
-                done, again = self.held(job_id, lock, token, r, step)
+                done, again = self.held(job_id, lock, token, r)
             finally:
                 self.free_after(r.channel, r.chat)
             if done:
                 return again
 
-    def held(
-        self, job_id: str, lock: str, token: str, r: Record, step: Step
-    ) -> tuple[bool, float | None]:
-        """With the chat held: the request for the newest version. Whether this task is
-        done, and the countdown for a new one."""
+    def held(self, job_id: str, lock: str, token: str, was: Record) -> tuple[bool, float | None]:
+        """With the chat held: the request for the newest version (read again: more may
+        have come while it waited). Whether this task is done, and the countdown for a
+        new one."""
         key = keys.chat_preview(job_id)
-        self.redis.eval(EXTEND, 1, lock, token, self.lock_ms(r.channel))
-        if r.final:
+        self.redis.eval(EXTEND, 1, lock, token, self.lock_ms(was.channel))
+        if was.final:
             due = time.time() + self.settings.chat_preview_retry_s
             self.redis.zadd(keys.CHAT_FINALS_DUE, {job_id: due}, xx=True)
-        now = Record.read(self.redis, job_id)  # newer text may have come while it waited
-        if now is not None and now.version != r.version:
-            r, newest = now, next_step(now, self.limit)
-            if newest is None or newest.kind == "skip":
-                return False, None
-            step = newest
+        r = Record.read(self.redis, job_id)
+        step = next_step(r, self.limit) if r is not None else None
+        if r is None or step is None or step.kind == "skip":
+            return False, None
         backoff = self.request(key, job_id, r, step)
         if backoff is not None:
             return True, backoff
