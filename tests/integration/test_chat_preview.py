@@ -235,6 +235,33 @@ def test_two_jobs_in_one_chat_share_its_pace(
     assert_paced(got)
 
 
+def test_an_answer_longer_than_a_message_goes_on_in_further_messages(
+    cluster: Cluster, provider: tuple[Provider, Site], tmp_path: Path
+) -> None:
+    """The preview fills one message (4,000 characters, CLAWQ_MESSAGE_MAX_CHARS); the
+    final leaves it as it is and sends the rest."""
+    seen, _ = provider
+    words = [f"n{i:03d} " for i in range(1000)]  # 5,000 characters
+    MODE["answer"] = lambda a: streamed(a, words, 0.002)
+    job = from_chat(cluster, tmp_path, "tg", "5008", model="openai:gpt-s")
+    long = "".join(words)
+    assert job.wait(timeout=60).final_text == long
+
+    def whole() -> list[Request]:
+        got = seen.to("5008")
+        sends = [r for r in got if r.method == "sendMessage"]
+        return got if len(sends) == 2 else []
+
+    got = wait_until(whole, 30, "the rest of the answer")
+    time.sleep(3 * INTERVAL_S)  # nothing more comes
+    got = seen.to("5008")
+    first = [r.body["text"] for r in got if r.method != "sendMessage" or r is got[0]]
+    rest = [r.body["text"] for r in got[1:] if r.method == "sendMessage"]
+    assert len(rest) == 1 and first[-1] + rest[0] == long
+    assert all(len(t) <= 4000 for t in first + rest) and len(first[-1]) > 3900
+    assert_paced(got)
+
+
 def test_a_reply_asked_again_starts_the_preview_over(
     cluster: Cluster, provider: tuple[Provider, Site], tmp_path: Path
 ) -> None:
