@@ -192,10 +192,14 @@ def test_telegram_shows_the_answer_as_it_streams_and_ends_with_the_final(
     assert len(got) >= 4  # live: ~6 intervals of streaming
     assert_growing_then_final(got, "editMessageText", TEXT)
     assert_paced(got)
-    gaps = [b.at - a.at for a, b in itertools.pairwise(got)]
-    print(f"\ntelegram: {len(got)} requests, gaps {min(gaps):.3f} to {max(gaps):.3f} s")
     ended = next(e for e in job.events() if e.type == "job_finished")
     assert got[0].at < ended.at - 1.0  # the chat saw text well before the job ended
+    gaps = [b.at - a.at for a, b in itertools.pairwise(got)]
+    print(
+        f"\ntelegram: {len(got)} requests, {min(gaps):.3f} to {max(gaps):.3f} s apart, the"
+        f" first {ended.at - got[0].at:.2f} s before the job ended,"
+        f" the final {got[-1].at - ended.at:.2f} s after"
+    )
 
 
 def test_slack_shows_the_answer_as_it_streams_and_ends_with_the_final(
