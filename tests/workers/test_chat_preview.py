@@ -157,3 +157,53 @@ def test_one_process_writes_a_jobs_preview_at_a_time(monkeypatch: pytest.MonkeyP
         finally:
             client.close()
             iso.drop()
+
+
+def test_a_provider_that_fails_is_logged_redacted_and_the_final_given_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Telegram refuses every request and quotes the request's path (the bot token in
+    it): the preview's version is skipped, the final is tried again after a backoff and
+    given up after CLAWQ_CHAT_PREVIEW_FINAL_ATTEMPTS; the log never holds the token."""
+    monkeypatch.setenv("TEST_PREVIEW_UNIT_TOKEN", TOKEN)
+    calls: list[str] = []
+
+    def refusing(seen: Seen) -> Reply:
+        calls.append(seen.path.rsplit("/", 1)[1])
+        said = {"ok": False, "description": f"Bad Request: chat not found ({seen.path})"}
+        return Reply(400, json.dumps(said).encode(), "application/json")
+
+    with Site({f"/bot{TOKEN}/sendMessage": refusing}) as site:
+        channel = {"kind": "telegram", "token_env": "TEST_PREVIEW_UNIT_TOKEN", "live_answers": True}
+        iso = Isolated(
+            message_channels={"tg": channel | {"api_base": site.url}},
+            web_private_allow=[site.endpoint],
+            chat_preview_interval_s=0.1,
+            chat_preview_final_attempts=2,
+        )
+        client = redis.Redis.from_url(iso.redis_url)
+        try:
+            key = keys.chat_preview("j2")
+            client.hset(key, mapping={"version": 1, "channel": "tg", "chat": "9", "text": "Hi"})
+            resent: list[tuple[str, float]] = []
+            writer = PreviewWriter(iso.settings, client, lambda job, at: resent.append((job, at)))
+            with caplog.at_level("WARNING", logger="clawq.messaging"):
+                writer.run("j2")
+                r = Record.read(client, "j2")
+                assert r is not None and (r.applied, r.message, r.lost) == (1, "", False)
+                client.hset(key, mapping={"version": 2, "text": "Hi there", "final": 1})
+                client.zadd(keys.CHAT_FINALS_DUE, {"j2": time.time() + 60})
+                writer.run("j2")
+                assert resent == [("j2", 0.2)]  # backoff: the interval, doubled
+                assert not (Record.read(client, "j2") or Record()).done
+                writer.run("j2")
+            r = Record.read(client, "j2")
+            assert r is not None and r.done and r.tries == 2 and r.sent == 0
+            assert client.zscore(keys.CHAT_FINALS_DUE, "j2") is None
+            assert calls == ["sendMessage"] * 3
+            said = caplog.text
+            assert "chat not found" in said and "given up after 2" in said
+            assert TOKEN not in said and "***" in said
+        finally:
+            client.close()
+            iso.drop()

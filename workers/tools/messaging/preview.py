@@ -314,6 +314,9 @@ class PreviewWriter:
         except ChannelError as exc:
             if NOT_MODIFIED not in str(exc):
                 return self.failed(key, job_id, r, step, exc)
+        except Exception as exc:  # a provider's surprise: a failure whose send may have gone
+            said = chan.redact(f"{type(exc).__name__}: {exc}")
+            return self.failed(key, job_id, r, step, ChannelError(said, sent_maybe=True))
         self.record(key, r, step, message_id)
         return None
 
