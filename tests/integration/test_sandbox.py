@@ -285,3 +285,62 @@ def test_background_processes_run_in_the_sandbox(
     assert end_session(settings, "sess", sandbox) == 1
     left = exec_call(settings, sandbox, sandbox_ws, "k-proc", command="ps")
     assert "sleep 300" not in left.for_llm
+
+
+@pytest.fixture(scope="module")
+def sandboxed(engine: tuple[str, str]) -> Iterator[Any]:
+    """A cluster whose runtime worker runs commands in the sandbox."""
+    from tests.integration.conftest import start_cluster
+
+    url, image = engine
+    yield from start_cluster(
+        groups=("runtime",),
+        sandbox_enabled=True,
+        sandbox_docker_url=url,
+        sandbox_image=image,
+        tool_output_stream_max_bytes=2000,
+    )
+
+
+def test_a_sandboxed_commands_output_streams_while_it_runs(
+    sandboxed: Any, sandbox_ws: Path
+) -> None:
+    """The attach stream is read as it comes: its lines are `tool_output_delta` events
+    before the call ends, in order, adding up to the result's output; capped per call."""
+    from tests.integration.conftest import call, script
+
+    slow = "id -u; for i in 1 2 3; do echo line$i; sleep 0.3; done; echo oops >&2"
+    job = sandboxed.client.submit(
+        "stream",
+        workspace=str(sandbox_ws),
+        allow=["exec"],
+        script=script(
+            {"tool_calls": [call("c1", "exec", command=slow)]},
+            {"tool_calls": [call("c2", "exec", command="seq 1000")]},
+            {"text": "done"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "completed", result
+    events = list(job.events())
+    out = [e for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c1"]
+    said = {
+        s: "".join(e.data["text"] for e in out if e.data["stream"] == s)
+        for s in ("stdout", "stderr")
+    }
+    # the sandbox user's id: it ran in the container
+    assert said == {"stdout": "65534\nline1\nline2\nline3\n", "stderr": "oops\n"}
+    stdout = [e.data for e in out if e.data["stream"] == "stdout"]
+    assert [d["offset"] for d in stdout] == [
+        sum(len(x["text"]) for x in stdout[:i]) for i in range(len(stdout))
+    ]
+    assert len(stdout) >= 3  # line by line, as they came
+    finished = next(
+        e for e in events if e.type == "tool_call_finished" and e.data["call_id"] == "c1"
+    )
+    assert finished.at - out[0].at > 0.4  # the first line came while it ran (0.9 s)
+    record = next(c for c in result.tool_calls if c.id == "c1")
+    assert record.output == said["stdout"] + "[stderr]\n" + said["stderr"] + "[exit code 0]"
+    big = [e.data for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c2"]
+    assert sum(len(d["text"]) for d in big) == 2000 and big[-1].get("truncated")
+    assert "\n1000\n" in next(c for c in result.tool_calls if c.id == "c2").output
