@@ -34,14 +34,15 @@ class TextReset(BaseModel):
 
 
 class ToolOutputDelta(BaseModel):
-    """A running command's output (exec, custom tools), as it came."""
+    """A running command's output (exec, custom tools, a background process), as it came."""
 
     kind: Literal["tool_output"] = "tool_output"
-    call_id: str
+    call_id: str  # for a background process: the call that started it
     name: str
     stream: str  # stdout or stderr
     text: str
     truncated: bool = False  # the call's live output ends here (its result has the rest)
+    process: str = ""  # the background process's id (`process` calls), else empty
     event_id: str = ""
 
 
@@ -100,6 +101,7 @@ class Folder:
                     stream=str(d.get("stream") or "stdout"),
                     text=str(d.get("text") or ""),
                     truncated=bool(d.get("truncated")),
+                    process=str(d.get("process") or ""),
                     event_id=at,
                 )
             ]

@@ -344,3 +344,34 @@ def test_a_sandboxed_commands_output_streams_while_it_runs(
     big = [e.data for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c2"]
     assert sum(len(d["text"]) for d in big) == 2000 and big[-1].get("truncated")
     assert "\n1000\n" in next(c for c in result.tool_calls if c.id == "c2").output
+
+
+def test_a_sandboxed_background_process_streams_to_its_job(
+    sandboxed: Any, sandbox_ws: Path
+) -> None:
+    """Its supervisor reads the attach stream as it comes: the output is deltas of the
+    `start` call while the process runs, stdout and stderr apart."""
+    from tests.integration.conftest import call, script
+
+    command = "id -u; for i in 1 2 3; do echo p$i; sleep 0.4; done; echo err >&2"
+    job = sandboxed.client.submit(
+        "serve",
+        workspace=str(sandbox_ws),
+        allow=["process", "exec"],
+        script=script(
+            {"tool_calls": [call("s1", "process", action="start", command=command)]},
+            {"tool_calls": [call("wait", "exec", command="sleep 2")]},
+            {"text": "done"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "completed", result
+    out = [e for e in job.events() if e.type == "tool_output_delta"]
+    assert {(e.data["call_id"], e.data["name"]) for e in out} == {("s1", "process")}
+    said = {
+        s: "".join(e.data["text"] for e in out if e.data["stream"] == s)
+        for s in ("stdout", "stderr")
+    }
+    assert said == {"stdout": "65534\np1\np2\np3\n", "stderr": "err\n"}  # in the container
+    when = {line: next(e.at for e in out if line in e.data["text"]) for line in ("p1", "p3")}
+    assert when["p3"] - when["p1"] > 0.5  # as it ran (0.8 s apart)
