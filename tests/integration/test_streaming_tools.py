@@ -16,8 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.client.deltas import ToolOutputDelta
-from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
+from broker.config.secretbox import new_key
+from broker.stores.api_keys import ApiKeyStore
+from orchestrator.client import Client
+from orchestrator.client.deltas import JobEnded, ToolOutputDelta, ToolProgress
+from tests.integration.conftest import (
+    Cluster,
+    call,
+    script,
+    serve_api,
+    start_cluster,
+    wait_until,
+)
 from workers.tools.runtime.process_live import REDIS_ENV, SECRETS_ENV, LiveSpec
 
 LITERAL = "brv-literal-4242"  # a secret of the worker's own settings (brave_api_key)
@@ -36,6 +46,7 @@ def cluster() -> Iterator[Cluster]:
         groups=("runtime", "mcp"),
         tool_output_stream_max_bytes=2000,
         brave_api_key=LITERAL,
+        secret_key=new_key(),
         mcp_health_interval_s=1,
     ):
         ours = {"command": sys.executable, "args": ["-m", "tests.mcp_servers.web_server", "stdio"]}
@@ -46,6 +57,11 @@ def cluster() -> Iterator[Cluster]:
             what="the catalog",
         )
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Iterator[str]:
+    yield from serve_api(cluster)
 
 
 def test_a_background_process_streams_to_its_job(cluster: Cluster, workspace: Path) -> None:
@@ -130,3 +146,66 @@ def test_a_redis_failure_loses_deltas_never_the_process(tmp_path: Path, redis_is
     assert (state / "code").read_text() == "0"
     # its whole output; and the command never saw the URL or the secrets
     assert (state / "out").read_text() == "1\n2\n3\n0\n"
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_mcp_progress_reaches_job_stream(
+    cluster: Cluster, workspace: Path, remote: bool, request: pytest.FixtureRequest
+) -> None:
+    """Each progress notification is a `ToolProgress` of `job.stream()` (local, or over
+    SSE), in order and before the job's end; the `tool_call_progress` event is as it was."""
+    client = cluster.client
+    if remote:
+        key = ApiKeyStore(cluster.client.store).create("alice", admin=True)[1]
+        client = Client(api_url=request.getfixturevalue("api"), api_key=key)
+    job = client.submit(
+        "work",
+        workspace=str(workspace),
+        script=script(
+            {"tool_calls": [call("m1", STEPS, count=3, interval=0.3)]},
+            {"text": "done"},
+        ),
+    )
+    items = list(job.stream())
+    progress = [d for d in items if isinstance(d, ToolProgress)]
+    assert [(p.call_id, p.name, p.progress, p.total, p.message) for p in progress] == [
+        ("m1", STEPS, float(n), 3.0, f"step {n}") for n in (1, 2, 3)
+    ]
+    assert isinstance(items[-1], JobEnded) and items[-1].status == "completed"
+    raw = [e.data for e in job.events() if e.type == "tool_call_progress"]
+    assert raw == [
+        {"call_id": "m1", "name": STEPS, "progress": n, "total": 3, "message": f"step {n}"}
+        for n in (1, 2, 3)
+    ]
+    if remote:
+        client.close()
+
+
+def test_clawq_run_live_shows_progress_and_process_output(cluster: Cluster, tmp_path: Path) -> None:
+    plan = script(
+        {"tool_calls": [call("m1", STEPS, count=2, interval=0.2)]},
+        {"tool_calls": [call("s1", "process", action="start", command="echo one; echo two")]},
+        {"tool_calls": [call("wait", "exec", command="sleep 1")]},
+        {"text": "ok"},
+    )
+    (tmp_path / "script.json").write_text(json.dumps(plan))
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "orchestrator.cli", "run", "--live"),
+            *("--allow", "process", "--allow", "exec", "--script", str(tmp_path / "script.json")),
+            *("--workspace", str(tmp_path), "go"),
+        ],
+        env={**os.environ, **cluster.env},
+        capture_output=True,
+        timeout=60,
+    )
+    said = done.stderr.decode()
+    assert done.returncode == 0, said
+    shown = [line for line in said.splitlines() if line.startswith(("  … ", "  │ "))]
+    assert shown == [
+        f"  … {STEPS} 1/2 step 1",
+        f"  … {STEPS} 2/2 step 2",
+        "  │ one",
+        "  │ two",
+    ], said
+    assert said.index("step 2") < said.index(f"✓ {STEPS}")
