@@ -339,11 +339,19 @@ def test_a_sandboxed_commands_output_streams_while_it_runs(
         e for e in events if e.type == "tool_call_finished" and e.data["call_id"] == "c1"
     )
     assert finished.at - out[0].at > 0.4  # the first line came while it ran (0.9 s)
+    print(
+        f"\nsandbox: first line {finished.at - out[0].at:.2f} s before the call ended, "
+        f"{len(out)} deltas"
+    )
     record = next(c for c in result.tool_calls if c.id == "c1")
     assert record.output == said["stdout"] + "[stderr]\n" + said["stderr"] + "[exit code 0]"
     big = [e.data for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c2"]
     assert sum(len(d["text"]) for d in big) == 2000 and big[-1].get("truncated")
     assert "\n1000\n" in next(c for c in result.tool_calls if c.id == "c2").output
+
+
+# the job waits for its background process to end (and its last deltas to go)
+WAIT = "while [ ! -e {} ]; do sleep 0.1; done; sleep 0.5"
 
 
 def test_a_sandboxed_background_process_streams_to_its_job(
@@ -353,14 +361,14 @@ def test_a_sandboxed_background_process_streams_to_its_job(
     `start` call while the process runs, stdout and stderr apart."""
     from tests.integration.conftest import call, script
 
-    command = "id -u; for i in 1 2 3; do echo p$i; sleep 0.4; done; echo err >&2"
+    command = "id -u; for i in 1 2 3; do echo p$i; sleep 0.4; done; echo err >&2; touch p.done"
     job = sandboxed.client.submit(
         "serve",
         workspace=str(sandbox_ws),
         allow=["process", "exec"],
         script=script(
             {"tool_calls": [call("s1", "process", action="start", command=command)]},
-            {"tool_calls": [call("wait", "exec", command="sleep 2")]},
+            {"tool_calls": [call("wait", "exec", command=WAIT.format("p.done"))]},
             {"text": "done"},
         ),
     )
@@ -375,3 +383,6 @@ def test_a_sandboxed_background_process_streams_to_its_job(
     assert said == {"stdout": "65534\np1\np2\np3\n", "stderr": "err\n"}  # in the container
     when = {line: next(e.at for e in out if line in e.data["text"]) for line in ("p1", "p3")}
     assert when["p3"] - when["p1"] > 0.5  # as it ran (0.8 s apart)
+    print(
+        f"\nsandboxed process: p1 → p3 {when['p3'] - when['p1']:.2f} s apart (0.8 s in the command)"
+    )

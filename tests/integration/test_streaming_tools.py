@@ -35,8 +35,12 @@ KEY_TAIL = "Ab3dE" * 19 + "AA"  # an Anthropic key's, after its prefix
 # p1..p3 0.4 s apart, then two secrets, each written in pieces (never whole in the command)
 TIMED = (
     "for i in 1 2 3; do echo p$i; sleep 0.4; done; "
-    f"printf 'key sk-ant-api03-'; sleep 0.2; echo {KEY_TAIL}; printf 'brv-lit'; echo eral-4242"
+    f"printf 'key sk-ant-api03-'; sleep 0.2; echo {KEY_TAIL}; printf 'brv-lit'; echo eral-4242; "
+    "touch s1.done"
 )
+# the job waits for its background process to end (and its last deltas to go)
+WAIT = "while [ ! -e s1.done ]; do sleep 0.1; done; sleep 0.5"
+SEQ = "".join(f"{n}\n" for n in range(1, 3001))
 STEPS = "mcp_py__steps"
 
 
@@ -66,18 +70,15 @@ def api(cluster: Cluster) -> Iterator[str]:
 
 def test_a_background_process_streams_to_its_job(cluster: Cluster, workspace: Path) -> None:
     """Its output comes as deltas of the `start` call while it runs, scrubbed by the
-    worker's scrubber (its own literal secrets too), capped per call; the process keeps
-    its whole output for `read`."""
+    worker's scrubber (its own literal secrets too), capped per call."""
     job = cluster.client.submit(
         "serve",
         workspace=str(workspace),
         allow=["process", "exec"],
         script=script(
             {"tool_calls": [call("s1", "process", action="start", command=TIMED)]},
-            {"tool_calls": [call("s2", "process", action="start", command="seq 3000; sleep 2")]},
-            {"tool_calls": [call("wait", "exec", command="sleep 3")]},
-            # `last` is the newest by its state's mtime: s2, which ends after s1
-            {"tool_calls": [call("read", "process", action="read", id="last")]},
+            {"tool_calls": [call("s2", "process", action="start", command="seq 3000")]},
+            {"tool_calls": [call("wait", "exec", command=WAIT)]},
             {"text": "done"},
         ),
     )
@@ -95,10 +96,10 @@ def test_a_background_process_streams_to_its_job(cluster: Cluster, workspace: Pa
     assert KEY_TAIL not in shown and "sk-ant" not in shown and "eral-4242" not in shown
     when = {line: next(e.at for e in timed if line in e.data["text"]) for line in ("p1", "p3")}
     assert when["p3"] - when["p1"] > 0.5  # as it ran (0.8 s apart), not at its end
+    print(f"\nprocess: p1 → p3 {when['p3'] - when['p1']:.2f} s apart (0.8 s in the command)")
     loud = [e.data for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "s2"]
     assert sum(len(d["text"]) for d in loud) == 2000 and loud[-1].get("truncated")
-    assert "\n3000\n" in calls["read"].output  # the output file has it all
-    assert calls["read"].output.startswith("".join(d["text"] for d in loud))
+    assert "".join(d["text"] for d in loud) == SEQ[:2000]  # in order, from the start
     items = [d for d in job.stream() if isinstance(d, ToolOutputDelta) and d.call_id == "s1"]
     assert "".join(d.text for d in items) == shown and items[0].process == first_id
 
@@ -184,8 +185,12 @@ def test_mcp_progress_reaches_job_stream(
 def test_clawq_run_live_shows_progress_and_process_output(cluster: Cluster, tmp_path: Path) -> None:
     plan = script(
         {"tool_calls": [call("m1", STEPS, count=2, interval=0.2)]},
-        {"tool_calls": [call("s1", "process", action="start", command="echo one; echo two")]},
-        {"tool_calls": [call("wait", "exec", command="sleep 1")]},
+        {
+            "tool_calls": [
+                call("s1", "process", action="start", command="echo one; echo two; touch s1.done")
+            ]
+        },
+        {"tool_calls": [call("wait", "exec", command=WAIT)]},
         {"text": "ok"},
     )
     (tmp_path / "script.json").write_text(json.dumps(plan))
