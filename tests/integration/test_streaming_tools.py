@@ -182,6 +182,25 @@ def test_mcp_progress_reaches_job_stream(
         client.close()
 
 
+def test_an_mcp_servers_progress_message_is_scrubbed(cluster: Cluster, workspace: Path) -> None:
+    """A server's progress message passes the worker's scrubber, as its result does: a key
+    it echoes never reaches the job's events."""
+    token = "ghp_" + "q" * 36
+    job = cluster.client.submit(
+        "work",
+        workspace=str(workspace),
+        script=script(
+            {"tool_calls": [call("m1", STEPS, count=2, interval=0.1, label=f"using {token}")]},
+            {"text": "done"},
+        ),
+    )
+    progress = [d for d in job.stream() if isinstance(d, ToolProgress)]
+    assert [p.progress for p in progress] == [1.0, 2.0]
+    assert all(p.message.startswith("using ") for p in progress), progress
+    raw = [e.data for e in job.events() if e.type == "tool_call_progress"]
+    assert len(raw) == 2 and token not in json.dumps(raw)  # (the call's input has it)
+
+
 def test_clawq_run_live_shows_progress_and_process_output(cluster: Cluster, tmp_path: Path) -> None:
     plan = script(
         {"tool_calls": [call("m1", STEPS, count=2, interval=0.2)]},
