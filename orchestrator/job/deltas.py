@@ -7,7 +7,9 @@ one per token. One writer sends batches in order; while it waits on Redis the ne
 gather and go together. Each delta says where its text starts in the turn's reply
 (`offset`); a reply asked for again (failover) sends `reset` first, and the text starts
 again at 0. Deltas are events only: the transcript keeps the final text (`model_text`).
-Losing one to a Redis error is logged, not fatal: the final text still comes.
+Losing one to a Redis error is logged, not fatal: the final text still comes. A job
+whose answer is written live in its chat hands each batch to its preview as well
+(orchestrator/job/preview.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,22 @@ import redis.asyncio as aioredis
 from broker.config.settings import Settings
 from broker.protocol import Event
 from broker.redis import events
+from orchestrator.job.preview import ChatPreview
 
 log = logging.getLogger("clawq.loop")
 
 
 class TurnDeltas:
-    def __init__(self, redis: aioredis.Redis, settings: Settings, job_id: str, turn: int) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        settings: Settings,
+        job_id: str,
+        turn: int,
+        preview: ChatPreview | None = None,
+    ) -> None:
         self.redis = redis
+        self.preview = preview
         self.job_id = job_id
         self.turn = turn  # as events count turns: from 1
         self.interval_s = settings.stream_delta_interval_ms / 1000
@@ -57,6 +68,8 @@ class TurnDeltas:
         self._stop_timer()
         self.waiting, self.chars, self.offset = [], 0, 0
         self.outbox = []
+        if self.preview is not None:
+            self.preview.reset(self.turn)
         if self.gave:
             self.gave = False
             self._send({"turn": self.turn, "reset": True, "offset": 0, "text": ""})
@@ -72,6 +85,8 @@ class TurnDeltas:
         self.waiting, self.chars = [], 0
         self.gave = True
         self._send(data)
+        if self.preview is not None:
+            self.preview.add(self.turn, text)
 
     async def close(self) -> None:
         """The reply ended (or broke off): what waits goes, and every delta is sent, before
