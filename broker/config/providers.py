@@ -99,8 +99,9 @@ class ModelStreaming(BaseModel):
     tool_output_stream_max_bytes: int = Field(
         65_536,
         ge=0,
-        description="of a host command's output (exec, custom tools), sent as "
-        "tool_output_delta events while it runs, per call (0: none)",
+        description="of a command's output (exec, custom tools, on the host or in the "
+        "sandbox; a background process's), sent as tool_output_delta events while it "
+        "runs, per call (0: none)",
     )
 
 

@@ -11,7 +11,9 @@ turn's first delta (the turn's other events set it again). Each delta says where
 text starts in the turn's reply (`offset`); a reply asked for again (failover) sends
 `reset` first, and the text starts again at 0. Deltas are events only: the transcript
 keeps the final text (`model_text`). Losing one to a Redis error is logged, not fatal: the
-final text still comes.
+final text still comes. A job whose answer is written live in its chat hands each batch to
+its preview as well (orchestrator/job/preview.py), also when `stream_model_deltas` is off
+(then no event is sent).
 """
 
 from __future__ import annotations
@@ -26,18 +28,28 @@ import redis.asyncio as aioredis
 from broker.config.settings import Settings
 from broker.protocol import Event
 from broker.redis import events
+from orchestrator.job.preview import ChatPreview
 
 log = logging.getLogger("clawq.loop")
 
 
 class TurnDeltas:
-    def __init__(self, redis: aioredis.Redis, settings: Settings, job_id: str, turn: int) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        settings: Settings,
+        job_id: str,
+        turn: int,
+        preview: ChatPreview | None = None,
+    ) -> None:
         self.redis = redis
+        self.preview = preview
         self.job_id = job_id
         self.turn = turn  # as events count turns: from 1
         self.interval_s = settings.stream_delta_interval_ms / 1000
         self.max_chars = settings.stream_delta_max_chars
         self.ttl_s = settings.events_ttl_s
+        self.sends = settings.stream_model_deltas  # off: only a preview is fed
         self.waiting: list[str] = []
         self.chars = 0  # of what waits
         self.offset = 0  # where what waits starts in the reply
@@ -66,6 +78,8 @@ class TurnDeltas:
         self._stop_timer()
         self.waiting, self.chars, self.offset = [], 0, 0
         self.outbox = []
+        if self.preview is not None:
+            self.preview.reset(self.turn)
         if self.gave:
             self.gave = False
             self._send({"turn": self.turn, "reset": True, "offset": 0, "text": ""})
@@ -81,6 +95,8 @@ class TurnDeltas:
         self.waiting, self.chars = [], 0
         self.gave = True
         self._send(data)
+        if self.preview is not None:
+            self.preview.add(self.turn, text)
 
     async def close(self) -> None:
         """The reply ended (or broke off): what waits goes, and every delta is sent, before
@@ -96,6 +112,8 @@ class TurnDeltas:
             self.timer = None
 
     def _send(self, data: dict[str, Any]) -> None:
+        if not self.sends:
+            return
         self.outbox.append(Event(type="model_delta", job_id=self.job_id, data=data))
         if self.writer is None or self.writer.done():
             self.writer = asyncio.ensure_future(self._write())
