@@ -189,7 +189,7 @@ def run(console: Console, bench: Any, process: Any, wait_for: Callable[..., None
     table = Table(
         title=f"(u) {JOBS} streaming jobs at once on one orchestrator, {TURNS} turns each "
         f"(400-800 characters in 5-20-character tokens {GAP_MS:g} ms apart); {ROUNDS} "
-        f"alternating runs each, median [lowest, highest]; load {load[0]:.1f} {load[1]:.1f}"
+        f"alternating runs each, median \\[lowest, highest]; load {load[0]:.1f} {load[1]:.1f}"
     )
     for col in (
         "deltas",
