@@ -192,11 +192,16 @@ class JobRun(JobContext):
                 self.current = current = TurnCalls(self, turn)
                 try:
                     asked = time.monotonic()
-                    deltas = TurnDeltas(s.redis, s.settings, self.job_id, turn + 1, self.preview)
+                    deltas = (
+                        TurnDeltas(s.redis, s.settings, self.job_id, turn + 1, self.preview)
+                        if s.settings.stream_model_deltas or self.preview is not None
+                        else None
+                    )
                     try:
                         reply, view = await self.ask(provider, turn, current, deltas)
                     finally:
-                        await deltas.close()  # every delta out before the turn's events
+                        if deltas is not None:  # every delta out before the turn's events
+                            await deltas.close()
                     kind = reply.model.partition(":")[0] or spec.model.partition(":")[0]
                     m.model_seconds.labels(kind).observe(time.monotonic() - asked)
                     if reply.usage is not None:  # tokens, known once it answered
@@ -225,13 +230,17 @@ class JobRun(JobContext):
                 return "completed", reply.text, ""
 
     async def ask(
-        self, provider: ModelProvider, turn: int, current: TurnCalls, deltas: TurnDeltas
+        self,
+        provider: ModelProvider,
+        turn: int,
+        current: TurnCalls,
+        deltas: TurnDeltas | None,
     ) -> tuple[Message, list[Message]]:
         """The model's reply to the transcript fitted to its window (compacted first if
         needed, and once more if the provider still finds it too long)."""
         for again in (False, True):
             view = await self.fitted(provider, force=again)
-            if again:
+            if again and deltas is not None:
                 deltas.reset()  # (a refusal comes before any text; said if one did not)
             request = ModelRequest(
                 system=self.system,
