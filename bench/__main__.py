@@ -10,9 +10,10 @@ and two orchestrators, are `bench/hotpath.py`; (l), the cost of confinement, is
 `bench/confinement.py`; (m) to (q) are bench/web.py, api.py, memory.py, ui.py and
 messaging.py; (r), MCP progress, is bench/mcp_progress.py; (s), jobs waiting for a
 person, held in memory or parked, is bench/parked.py; (t), a replay against its original,
-is bench/replay.py. `python -m bench NAME …` runs sections alone: calls ((a), (b)),
+is bench/replay.py; (u), what streaming model deltas cost the orchestrator, is
+bench/streaming.py. `python -m bench NAME …` runs sections alone: calls ((a), (b)),
 hotpath ((i) to (k)), turn ((i)), jobs ((j), (k)), confinement, web, api, memory, ui,
-messaging, mcp-progress, parked, replay.
+messaging, mcp-progress, parked, replay, streaming.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -48,6 +49,7 @@ from bench import (
     messaging,
     parked,
     replay,
+    streaming,
     ui,
     web,
 )
@@ -648,6 +650,7 @@ def main() -> None:
                 "mcp-progress": lambda: mcp_progress.run(console, bench, process, wait_for),
                 "parked": lambda: parked.run(console, bench, process, wait_for),
                 "replay": lambda: replay.run(console, bench, process, wait_for),
+                "streaming": lambda: streaming.run(console, bench, process, wait_for),
                 "calls": lambda: calls(bench),
                 "hotpath": lambda: hotpath.run(console, bench, process, wait_for),
                 "turn": lambda: hotpath.run(console, bench, process, wait_for, "i"),
@@ -765,6 +768,7 @@ def main() -> None:
         mcp_progress.run(console, bench, process, wait_for)
         parked.run(console, bench, process, wait_for)
         replay.run(console, bench, process, wait_for)
+        streaming.run(console, bench, process, wait_for)
     finally:
         bench.close()
 

@@ -79,6 +79,14 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by this one process."""
+    found = _stat(pid)
+    if found is None:
+        raise ProcessLookupError(pid)
+    return found[1]
+
+
 def tree_cpu(roots: list[int]) -> float:
     """CPU seconds used so far by these processes and every descendant still alive."""
     stats = {}

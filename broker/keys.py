@@ -160,3 +160,23 @@ def mcp_oauth(server: str, subject: str = "") -> str:
 def cooldown(provider: str, label: str) -> str:
     """A model credential resting after a 429, cluster-wide; expires when it may be used."""
     return f"{PREFIX}:cooldown:{provider}:{label}"
+
+
+def chat_preview(job_id: str) -> str:
+    """A job's answer written live in its chat: what the orchestrator says now (version,
+    text, final) and what a messaging worker did with it (version applied, message id,
+    a send it began, parts of the final sent)."""
+    return f"{PREFIX}:preview:{job_id}"
+
+
+def chat_preview_lock(job_id: str) -> str:
+    """Held by the one messaging worker process that writes a job's preview now."""
+    return f"{PREFIX}:preview-lock:{job_id}"
+
+
+def chat_slot(channel: str, chat: str) -> str:
+    """When (Redis time, ms) the next request to one chat may go: its rate limit."""
+    return f"{PREFIX}:chat-slot:{channel}:{chat}"
+
+
+CHAT_FINALS_DUE = f"{PREFIX}:preview-finals"  # job → when its final is looked at again

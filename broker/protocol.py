@@ -183,6 +183,8 @@ class JobSpec(BaseModel):
     # send text to it (that is the job's answer)
     channel: str = ""
     chat_id: str = ""
+    # a job made to take subagents' results to its session (its answer is not the chat's)
+    announce: bool = False
     # the tree's budget (this job and every subagent below it); None: the settings'
     budget: Limits | None = None
     # a subagent: the job that spawned it, the root of its tree, the parent's session

@@ -19,7 +19,6 @@ import signal
 import time
 from typing import Any
 
-import httpx
 import psycopg
 import redis.asyncio as aioredis
 from celery import Celery
@@ -44,6 +43,7 @@ from orchestrator.job.run import JobRun
 from orchestrator.job.state import Services
 from orchestrator.job.tools import CustomCatalog
 from orchestrator.live import LiveSettings
+from orchestrator.providers.http import model_client
 from orchestrator.services.announce import AnnounceDelivery
 from orchestrator.services.artifacts import ArtifactPurge
 from orchestrator.services.control import ControlChannel
@@ -113,7 +113,7 @@ class Orchestrator:
             outage_s=self.settings.outage_retry_s,
         )
         await self.store.open()
-        http = httpx.AsyncClient(timeout=self.settings.model_timeout_s)
+        http = model_client(self.settings.model_timeout_s, self.settings.model_connections)
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
         self.approvals = Approvals(self.redis)
         self.services = Services(

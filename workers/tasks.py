@@ -112,8 +112,38 @@ def register_tool_tasks(
             ignore_result=True,
         )
 
+    if Group.messaging.value in queues:  # and a job's answer written live in its chat
+        from workers.tools.messaging.preview import PREVIEW_TASK, WORK_S, PreviewWriter
+
+        def resend(job_id: str, countdown: float = 0.0) -> None:
+            runtime().celery().send_task(
+                PREVIEW_TASK, args=[job_id], queue=Group.messaging.value, countdown=countdown
+            )
+
+        def preview_task(job_id: str) -> None:
+            rt = runtime()
+            rt.follow_config()  # the channels in force now
+            PreviewWriter(rt.settings, rt.redis, resend).run(job_id)
+
+        app.conf.task_routes[PREVIEW_TASK] = {"queue": Group.messaging.value}
+        app.task(
+            preview_task,
+            name=PREVIEW_TASK,
+            shared=False,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=WORK_S + 60,
+            time_limit=WORK_S + 60 + settings.tool_grace_s,
+            ignore_result=True,
+        )
+
     def start() -> None:
         runtime()
+        if Group.messaging.value in queues:  # wake finals that were not written again
+            from workers.tools.messaging.preview import FinalsSweeper
+
+            rt = runtime()
+            FinalsSweeper(lambda: rt.settings, rt.redis, resend).start()
         if Group.memory.value in queues:  # resend index tasks that were lost
             from workers.tools.memory.index import INDEX_TASK, Sweeper
 

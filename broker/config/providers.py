@@ -53,6 +53,12 @@ class Providers(BaseModel):
     anthropic_model: str = "claude-sonnet-4-5"
     anthropic_max_tokens: int = 4096
     model_timeout_s: float = 120.0
+    model_connections: int = Field(
+        2000,
+        ge=1,
+        description="connections an orchestrator holds open to model providers, all kept "
+        "alive; a request beyond waits for one (as many as its jobs: each asks one at a time)",
+    )
     # failover: a job's model may be a chain (`anthropic:m1,openai:m2`), tried in order
     model_credentials: list[ModelCredential] = Field(
         default_factory=list,
@@ -79,6 +85,11 @@ class Providers(BaseModel):
 class ModelStreaming(BaseModel):
     # output as it arrives: the model's text (`model_delta`) and a command's
     # (`tool_output_delta`), coalesced
+    stream_model_deltas: bool = Field(
+        True,
+        description="false: no model_delta events (the reply still streams from the "
+        "provider; its text comes whole in model_text)",
+    )
     stream_delta_interval_ms: int = Field(
         50, ge=0, description="text waits at most this long to be sent as one model_delta"
     )
@@ -88,8 +99,9 @@ class ModelStreaming(BaseModel):
     tool_output_stream_max_bytes: int = Field(
         65_536,
         ge=0,
-        description="of a host command's output (exec, custom tools), sent as "
-        "tool_output_delta events while it runs, per call (0: none)",
+        description="of a command's output (exec, custom tools, on the host or in the "
+        "sandbox; a background process's), sent as tool_output_delta events while it "
+        "runs, per call (0: none)",
     )
 
 

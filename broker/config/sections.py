@@ -6,51 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
+from broker.config.channels import MessageChannel
 from broker.config.policy import Ceiling, HooksConfig, PermissionRules, ToolPolicy
 from broker.stores.context_files import CONTEXT_FILES
 
 TtsProvider = Literal["espeak", "openai", "elevenlabs", "edge"]
-
-
-class MessageChannel(BaseModel):
-    """One channel `message` can send to. `kind` decides which fields matter:
-    webhook: `url` (+ `secret_env` for the HMAC-SHA256 signature);
-    slack: `url` (an incoming webhook) or `token_env` (chat.postMessage at `api_base`),
-    `secret_env` the signing secret of its interactivity webhook;
-    telegram: `token_env` (the Bot API at `api_base`), `secret_env` its webhook's secret;
-    email: `host`, `port`, `username`, `password_env`, `sender`, `starttls`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["webhook", "slack", "telegram", "email"]
-    url: str = ""
-    api_base: str = ""  # '': the provider's (https://slack.com/api, https://api.telegram.org)
-    token_env: str = ""
-    secret_env: str = ""
-    host: str = ""
-    port: int = Field(587, ge=1, le=65535)
-    username: str = ""
-    password_env: str = ""
-    sender: str = ""
-    starttls: bool = True
-    ca_file: str = ""  # email: a CA bundle to trust (a private mail server); '': the system's
-    default_target: str = ""  # a chat, a Slack channel, an address
-    # answers from the chat (slack, telegram): the inbound webhook's secret is `secret_env`
-    # (Slack's signing secret; Telegram's setWebhook secret_token); who may answer is the
-    # job's user, by the identity mapped here, or an admin's identity
-    users: dict[str, str] = Field(
-        default_factory=dict, description="a chat identity (Slack or Telegram user id) → user"
-    )
-    admins: list[str] = Field(default_factory=list, description="chat identities of admins")
-
-    @field_validator("token_env", "secret_env", "password_env")
-    @classmethod
-    def _not_ours(cls, name: str) -> str:
-        if name.upper().startswith("CLAWQ_"):
-            raise ValueError(f"{name} is one of clawq's own settings, not a channel's secret")
-        return name
 
 
 class ImageEndpoint(BaseModel):
@@ -403,6 +365,14 @@ class Messaging(BaseModel):
     message_max_chars: int = Field(4000, ge=100, description="one message's text")
     message_max_attachments: int = Field(10, ge=0)
     message_timeout_s: float = Field(20.0, gt=0, description="one provider request")
+    # a job's answer written live in the chat it came from (a channel's `live_answers`)
+    chat_preview_interval_s: float = Field(
+        1.0, ge=0.1, description="between two requests to one chat (Telegram: ~1/s a chat)"
+    )
+    chat_preview_retry_s: float = Field(
+        15.0, gt=0, description="a final answer not yet in the chat is sent again after"
+    )
+    chat_preview_final_attempts: int = Field(5, ge=1, description="then a final is given up")
 
 
 class Media(BaseModel):

@@ -23,15 +23,16 @@ def _fields(event: Event) -> dict[str, str]:
     return {"e": event.model_dump_json(exclude={"id"})}
 
 
-def add(pipe: Any, batch: Iterable[Event], ttl_s: int) -> None:
-    """Append these events to their streams within `pipe` (each stream's TTL set once)."""
+def add(pipe: Any, batch: Iterable[Event], ttl_s: int | None) -> None:
+    """Append these events to their streams within `pipe` (each stream's TTL set once;
+    `ttl_s` None: not set, a writer that set it already)."""
     streams = []
     for event in batch:
         key = keys.events(event.job_id)
         pipe.xadd(key, _fields(event), maxlen=STREAM_MAXLEN, approximate=True)
         if key not in streams:
             streams.append(key)
-    for key in streams:
+    for key in streams if ttl_s is not None else ():
         pipe.expire(key, ttl_s)
 
 

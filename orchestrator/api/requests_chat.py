@@ -25,7 +25,7 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from broker.config.sections import MessageChannel
+from broker.config.channels import MessageChannel
 from broker.config.settings import Settings
 from broker.errors import NotFound, Unauthorized
 from broker.stores import requests

@@ -19,7 +19,13 @@ from broker.errors import RequestError, RunError, Unavailable
 from broker.protocol import Event, JobResult
 from orchestrator.cli.common import cluster, first_line, refused_as_usage
 from orchestrator.cli.common import diagnostics as console
-from orchestrator.client.deltas import Folder, TextDelta, TextReset, ToolOutputDelta
+from orchestrator.client.deltas import (
+    Folder,
+    TextDelta,
+    TextReset,
+    ToolOutputDelta,
+    ToolProgress,
+)
 
 
 def result_json(result: JobResult) -> dict[str, Any]:
@@ -93,7 +99,8 @@ class LiveText:
     """The model's text on stderr as it arrives (`model_delta`), instead of one line per
     turn: a turn's text is a paragraph of its own, begun again (↺) when the model was
     asked again; a turn that was not streamed comes whole. A running command's output
-    (`tool_output_delta`) is shown line by line as its lines end."""
+    (`tool_output_delta`) is shown line by line as its lines end, and an MCP call's
+    progress (`tool_call_progress`) as it is reported."""
 
     def __init__(self) -> None:
         self.folder = Folder()
@@ -112,6 +119,14 @@ class LiveText:
                 self.lines(lines)
                 if delta.truncated:
                     self.lines([self.partial.pop(key), "… (the rest is in its result)"])
+            elif isinstance(delta, ToolProgress):
+                self.end()
+                of = f"/{delta.total:g}" if delta.total else ""
+                said = f" {escape(delta.message)}" if delta.message else ""
+                console.print(
+                    f"  [dim]… {escape(delta.name)} {delta.progress:g}{of}{said}[/]",
+                    highlight=False,
+                )
             elif isinstance(delta, TextDelta):
                 if not self.open:
                     console.print("[bold]model:[/] ", end="")
@@ -123,7 +138,12 @@ class LiveText:
         if event.type == "tool_call_finished":  # its last line, if it did not end
             for key in [k for k in self.partial if k[0] == event.data.get("call_id")]:
                 self.lines([self.partial.pop(key)])
-        return event.type in ("model_delta", "model_text", "tool_output_delta")
+        return event.type in (
+            "model_delta",
+            "model_text",
+            "tool_output_delta",
+            "tool_call_progress",
+        )
 
     def lines(self, lines: list[str]) -> None:
         self.end()

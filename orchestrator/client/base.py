@@ -77,8 +77,9 @@ class Job(ABC):
 
     def stream(self, after: str | None = None) -> Iterator[Delta]:
         """The job's output as typed deltas (client/deltas.py): the model's text as it
-        arrives (`TextDelta`, `TextReset`), then `JobEnded`. Pass the `event_id` of the
-        last delta handled to go on where a reader stopped."""
+        arrives (`TextDelta`, `TextReset`), a running call's output (`ToolOutputDelta`)
+        and an MCP call's progress (`ToolProgress`), then `JobEnded`. Pass the `event_id`
+        of the last delta handled to go on where a reader stopped."""
         return fold(self.events(after))
 
     @abstractmethod

@@ -1,6 +1,6 @@
 """A job's output as typed deltas (`job.stream()`): the model's text as it arrives, a
-running command's output, and the job's end, folded from its events so a caller never
-handles `reset` or offsets itself.
+running command's output, an MCP call's progress, and the job's end, folded from its
+events so a caller never handles `reset` or offsets itself.
 
 Text comes per turn (`TextDelta.turn`). A `TextReset` says the turn's text so far is void
 (the model was asked again: failover, or a job resumed by another orchestrator); the text
@@ -34,14 +34,27 @@ class TextReset(BaseModel):
 
 
 class ToolOutputDelta(BaseModel):
-    """A running command's output (exec, custom tools), as it came."""
+    """A running command's output (exec, custom tools, a background process), as it came."""
 
     kind: Literal["tool_output"] = "tool_output"
-    call_id: str
+    call_id: str  # for a background process: the call that started it
     name: str
     stream: str  # stdout or stderr
     text: str
     truncated: bool = False  # the call's live output ends here (its result has the rest)
+    process: str = ""  # the background process's id (`process` calls), else empty
+    event_id: str = ""
+
+
+class ToolProgress(BaseModel):
+    """A running call's progress as its MCP server reports it (`tool_call_progress`)."""
+
+    kind: Literal["tool_progress"] = "tool_progress"
+    call_id: str
+    name: str
+    progress: float
+    total: float | None = None
+    message: str = ""
     event_id: str = ""
 
 
@@ -53,7 +66,7 @@ class JobEnded(BaseModel):
     event_id: str = ""
 
 
-Delta = TextDelta | TextReset | ToolOutputDelta | JobEnded
+Delta = TextDelta | TextReset | ToolOutputDelta | ToolProgress | JobEnded
 
 
 class Folder:
@@ -100,6 +113,19 @@ class Folder:
                     stream=str(d.get("stream") or "stdout"),
                     text=str(d.get("text") or ""),
                     truncated=bool(d.get("truncated")),
+                    process=str(d.get("process") or ""),
+                    event_id=at,
+                )
+            ]
+        if event.type == "tool_call_progress":
+            total = d.get("total")
+            return [
+                ToolProgress(
+                    call_id=str(d.get("call_id") or ""),
+                    name=str(d.get("name") or ""),
+                    progress=float(d.get("progress") or 0),
+                    total=float(total) if total is not None else None,
+                    message=str(d.get("message") or ""),
                     event_id=at,
                 )
             ]

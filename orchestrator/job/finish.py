@@ -85,6 +85,8 @@ class JobFinish(JobCalls):
         resumes the job and sends it again, and the announce step counts a child once."""
         spec, redis, ttl = self.spec, self.s.redis, self.s.settings.events_ttl_s
         await self.settle()  # the last results are stored before anything says it ended
+        if self.preview is not None:  # before the status is final: a resumed end says it again
+            await self.preview.final(status, text)
         if self.chain:
             result = {"job_id": self.job_id, "status": status, "final_text": text, "error": error}
             await asyncio.to_thread(self._continue_chain, result | {"parent_id": spec.parent_id})

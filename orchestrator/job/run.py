@@ -27,6 +27,7 @@ from orchestrator.conversation import Message
 from orchestrator.job.context import JobContext
 from orchestrator.job.deltas import TurnDeltas
 from orchestrator.job.loops import LoopGuard
+from orchestrator.job.preview import ChatPreview, previewed
 from orchestrator.job.prompt import system_prompt
 from orchestrator.job.state import JobCancelled
 from orchestrator.job.turn import JobParked, TurnCalls
@@ -52,6 +53,8 @@ class JobRun(JobContext):
         s, spec = self.s, self.spec
         if s.live is not None:  # a new live configuration applies from the next job on
             await s.live.refresh(s)
+        if self.preview is None and previewed(spec, s.settings):  # its answer, live in its chat
+            self.preview = ChatPreview(s.redis, s.app, s.settings, self.job_id, spec)
         rows, custom, self.system = await asyncio.gather(  # independent: at once
             accessible_tools(s.store.pool, spec.agent_id, spec.user_id),
             s.custom.for_agent(spec.agent_id),
@@ -140,6 +143,8 @@ class JobRun(JobContext):
                 except Unanswered as exc:  # its choice: cancelled when no one answers
                     status, text, error = "cancelled", "", str(exc)
                 except JobParked:  # in PostgreSQL, waiting: whoever answers queues it again
+                    if self.preview is not None:  # a new run's preview goes on from here
+                        self.preview.stop()
                     self.release()
                     return
                 await self.finish(status, text, error)
@@ -187,11 +192,16 @@ class JobRun(JobContext):
                 self.current = current = TurnCalls(self, turn)
                 try:
                     asked = time.monotonic()
-                    deltas = TurnDeltas(s.redis, s.settings, self.job_id, turn + 1)
+                    deltas = (
+                        TurnDeltas(s.redis, s.settings, self.job_id, turn + 1, self.preview)
+                        if s.settings.stream_model_deltas or self.preview is not None
+                        else None
+                    )
                     try:
                         reply, view = await self.ask(provider, turn, current, deltas)
                     finally:
-                        await deltas.close()  # every delta out before the turn's events
+                        if deltas is not None:  # every delta out before the turn's events
+                            await deltas.close()
                     kind = reply.model.partition(":")[0] or spec.model.partition(":")[0]
                     m.model_seconds.labels(kind).observe(time.monotonic() - asked)
                     if reply.usage is not None:  # tokens, known once it answered
@@ -220,13 +230,17 @@ class JobRun(JobContext):
                 return "completed", reply.text, ""
 
     async def ask(
-        self, provider: ModelProvider, turn: int, current: TurnCalls, deltas: TurnDeltas
+        self,
+        provider: ModelProvider,
+        turn: int,
+        current: TurnCalls,
+        deltas: TurnDeltas | None,
     ) -> tuple[Message, list[Message]]:
         """The model's reply to the transcript fitted to its window (compacted first if
         needed, and once more if the provider still finds it too long)."""
         for again in (False, True):
             view = await self.fitted(provider, force=again)
-            if again:
+            if again and deltas is not None:
                 deltas.reset()  # (a refusal comes before any text; said if one did not)
             request = ModelRequest(
                 system=self.system,

@@ -33,6 +33,7 @@ from orchestrator.calls.policy import PolicyEngine
 from orchestrator.calls.replay import Replay
 from orchestrator.conversation import Message
 from orchestrator.job.loops import LoopGuard
+from orchestrator.job.preview import ChatPreview
 from orchestrator.job.tools import CustomCatalog
 from orchestrator.job.turn import TurnCalls
 from orchestrator.services.task_events import AgentTaskEvents
@@ -123,6 +124,7 @@ class JobState:
         self.loops = LoopGuard(services.settings.loop_repeat_warn)
         self.looping = ""  # why the job stops, looping (a call repeated 2N times)
         self.replay: Replay | None = None  # a replay's layer over the original's ledger
+        self.preview: ChatPreview | None = None  # its answer written live in its chat
 
     def release(self) -> None:
         """Drop what the job holds, once it has left this process (parked): the cycles

@@ -26,6 +26,16 @@ OVERFLOW = re.compile(
 )
 
 
+def model_client(timeout_s: float, connections: int) -> httpx.AsyncClient:
+    """An orchestrator's one client for its model requests, holding up to `connections`
+    open and alive: httpx's default pool (100, 20 kept) makes the jobs past the 100th
+    queue, and its pool scans that queue against the connections on every request."""
+    return httpx.AsyncClient(
+        timeout=timeout_s,
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+    )
+
+
 def retry_after(response: httpx.Response) -> float | None:
     """Seconds the server asks us to wait (`retry-after-ms`, `retry-after` in seconds or
     as an HTTP date), or None."""

@@ -64,7 +64,7 @@ class AnnounceDelivery(Periodic):
                 return
             spec = JobSpec.model_validate(latest["spec"])
             script = (spec.script or {}).get("on_announce") if spec.model == "scripted" else None
-            spec = spec.model_copy(update={"prompt": text, "script": script})
+            spec = spec.model_copy(update={"prompt": text, "script": script, "announce": True})
             # the same batch always makes the same job: a retried delivery adds nothing
             job_id = uuid.uuid5(uuid.NAMESPACE_URL, session + items[0].model_dump_json()).hex
             await self.store.create_job(job_id, session, spec)

@@ -285,3 +285,104 @@ def test_background_processes_run_in_the_sandbox(
     assert end_session(settings, "sess", sandbox) == 1
     left = exec_call(settings, sandbox, sandbox_ws, "k-proc", command="ps")
     assert "sleep 300" not in left.for_llm
+
+
+@pytest.fixture(scope="module")
+def sandboxed(engine: tuple[str, str]) -> Iterator[Any]:
+    """A cluster whose runtime worker runs commands in the sandbox."""
+    from tests.integration.conftest import start_cluster
+
+    url, image = engine
+    yield from start_cluster(
+        groups=("runtime",),
+        sandbox_enabled=True,
+        sandbox_docker_url=url,
+        sandbox_image=image,
+        tool_output_stream_max_bytes=2000,
+    )
+
+
+def test_a_sandboxed_commands_output_streams_while_it_runs(
+    sandboxed: Any, sandbox_ws: Path
+) -> None:
+    """The attach stream is read as it comes: its lines are `tool_output_delta` events
+    before the call ends, in order, adding up to the result's output; capped per call."""
+    from tests.integration.conftest import call, script
+
+    slow = "id -u; for i in 1 2 3; do echo line$i; sleep 0.3; done; echo oops >&2"
+    job = sandboxed.client.submit(
+        "stream",
+        workspace=str(sandbox_ws),
+        allow=["exec"],
+        script=script(
+            {"tool_calls": [call("c1", "exec", command=slow)]},
+            {"tool_calls": [call("c2", "exec", command="seq 1000")]},
+            {"text": "done"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "completed", result
+    events = list(job.events())
+    out = [e for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c1"]
+    said = {
+        s: "".join(e.data["text"] for e in out if e.data["stream"] == s)
+        for s in ("stdout", "stderr")
+    }
+    # the sandbox user's id: it ran in the container
+    assert said == {"stdout": "65534\nline1\nline2\nline3\n", "stderr": "oops\n"}
+    stdout = [e.data for e in out if e.data["stream"] == "stdout"]
+    assert [d["offset"] for d in stdout] == [
+        sum(len(x["text"]) for x in stdout[:i]) for i in range(len(stdout))
+    ]
+    assert len(stdout) >= 3  # line by line, as they came
+    finished = next(
+        e for e in events if e.type == "tool_call_finished" and e.data["call_id"] == "c1"
+    )
+    assert finished.at - out[0].at > 0.4  # the first line came while it ran (0.9 s)
+    print(
+        f"\nsandbox: first line {finished.at - out[0].at:.2f} s before the call ended, "
+        f"{len(out)} deltas"
+    )
+    record = next(c for c in result.tool_calls if c.id == "c1")
+    assert record.output == said["stdout"] + "[stderr]\n" + said["stderr"] + "[exit code 0]"
+    big = [e.data for e in events if e.type == "tool_output_delta" and e.data["call_id"] == "c2"]
+    assert sum(len(d["text"]) for d in big) == 2000 and big[-1].get("truncated")
+    assert "\n1000\n" in next(c for c in result.tool_calls if c.id == "c2").output
+
+
+# the job waits for its background process to end (and its last deltas to go)
+WAIT = "while [ ! -e {} ]; do sleep 0.1; done; sleep 0.5"
+
+
+def test_a_sandboxed_background_process_streams_to_its_job(
+    sandboxed: Any, sandbox_ws: Path
+) -> None:
+    """Its supervisor reads the attach stream as it comes: the output is deltas of the
+    `start` call while the process runs, stdout and stderr apart."""
+    from tests.integration.conftest import call, script
+
+    command = "id -u; for i in 1 2 3; do echo p$i; sleep 0.4; done; echo err >&2; touch p.done"
+    job = sandboxed.client.submit(
+        "serve",
+        workspace=str(sandbox_ws),
+        allow=["process", "exec"],
+        script=script(
+            {"tool_calls": [call("s1", "process", action="start", command=command)]},
+            {"tool_calls": [call("wait", "exec", command=WAIT.format("p.done"))]},
+            {"text": "done"},
+        ),
+    )
+    result = job.wait(timeout=60)
+    assert result.status == "completed", result
+    out = [e for e in job.events() if e.type == "tool_output_delta"]
+    assert {(e.data["call_id"], e.data["name"]) for e in out} == {("s1", "process")}
+    said = {
+        s: "".join(e.data["text"] for e in out if e.data["stream"] == s)
+        for s in ("stdout", "stderr")
+    }
+    assert said == {"stdout": "65534\np1\np2\np3\n", "stderr": "err\n"}  # in the container
+    when = {line: next(e.at for e in out if line in e.data["text"]) for line in ("p1", "p3")}
+    assert when["p3"] - when["p1"] > 0.5  # as it ran (0.8 s apart)
+    print(
+        f"\nsandboxed process: p1 → p3 {when['p3'] - when['p1']:.2f} s apart (0.8 s in the command)"
+    )

@@ -59,12 +59,14 @@ def sound() -> Audio:
 
 
 @server.tool()
-async def steps(count: int, interval: float, ctx: Context, report: bool = True) -> str:
-    """Work in steps, reporting progress after each (unless told not to)."""
+async def steps(
+    count: int, interval: float, ctx: Context, report: bool = True, label: str = "step"
+) -> str:
+    """Work in steps, reporting progress after each (unless told not to), `label n`."""
     for n in range(1, count + 1):
         await asyncio.sleep(interval)
         if report:
-            await ctx.report_progress(n, count, f"step {n}")
+            await ctx.report_progress(n, count, f"{label} {n}")
     return f"{count} steps"
 
 

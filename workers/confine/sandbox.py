@@ -159,8 +159,11 @@ class Sandbox:
         cap: int,
         env: dict[str, str],
         cancelled: Callable[[], str | None] = lambda: None,
+        heard: Callable[[str, bytes], None] | None = None,
     ) -> SandboxRun:
-        """Run `command` in the key's container; kill its process group on timeout."""
+        """Run `command` in the key's container; kill its process group on timeout.
+        `heard` is told each piece of output as it is read (`stdout` or `stderr`, its
+        bytes), before the cap: the attach stream is read as it comes, never at the end."""
         from docker.utils.socket import frames_iter
 
         attached = self.attach(key, workspace, command, cwd, env)
@@ -177,6 +180,8 @@ class Sandbox:
             try:
                 for stream_id, chunk in frames_iter(sock, tty=False):
                     buf = err if stream_id == STDERR else out
+                    if heard is not None:
+                        heard("stderr" if stream_id == STDERR else "stdout", chunk)
                     room = cap - len(buf)
                     buf += chunk[: max(room, 0)]
                     state["truncated"] |= len(chunk) > room

@@ -70,7 +70,8 @@ class McpTool(Tool[McpInput]):
 
 def progress_events(ctx: ToolContext, name: str) -> Any:
     """The server's progress notifications as `tool_call_progress` events of the job, those
-    that came together in one round trip."""
+    that came together in one round trip; a message passes the worker's scrubber (a
+    server may echo what it was given)."""
     if ctx.redis is None or not ctx.job_id:
         return None
     from broker.protocol import Event
@@ -83,7 +84,7 @@ def progress_events(ctx: ToolContext, name: str) -> Any:
         for progress, total, message in heard:
             data = {"call_id": ctx.call_id, "name": name, "progress": progress, "total": total}
             if message:
-                data["message"] = message
+                data["message"] = ctx.scrub(message) if ctx.scrub is not None else message
             batch.append(Event(type="tool_call_progress", job_id=ctx.job_id, data=data))
         pipe = client.pipeline(transaction=False)
         events.add(pipe, batch, ttl)

@@ -22,7 +22,7 @@ from email.utils import make_msgid
 from typing import Any
 from urllib.parse import quote
 
-from broker.config.sections import MessageChannel
+from broker.config.channels import MessageChannel
 from broker.config.settings import Settings
 from broker.errors import RunError
 from workers.egress.client import checked_addresses, egress_for

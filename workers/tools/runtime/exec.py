@@ -22,7 +22,7 @@ from workers.confine import host as confine
 from workers.confine.safety import check_line, judge_line
 from workers.confine.sandbox import Sandbox, SandboxError
 from workers.confine.shell import parse_shell
-from workers.confine.shell_commands import ParsedShell, SimpleCommand, command_pattern
+from workers.confine.shell_commands import ParsedShell, command_pattern
 from workers.paths import PROTECTED_DIRS
 from workers.processes import tie_to_parent
 from workers.tool import (
@@ -37,6 +37,7 @@ from workers.tool import (
 )
 from workers.tools.fs.common import workspace
 from workers.tools.runtime.live_output import LiveOutput, live_output
+from workers.tools.runtime.read_only import read_only, stays_inside
 
 # Only these reach the command: the worker's own secrets (database and Redis URLs, API
 # keys, CLAWQ_*) never do.
@@ -109,7 +110,7 @@ class Exec(Tool[ExecInput]):
             and bool(judged)
             and all(
                 not (c.assignments or c.dynamic_name)
-                and all(_stays_inside(c.resolve(t)) for t in c.writes_to)
+                and all(stays_inside(c.resolve(t)) for t in c.writes_to)
                 and any(p.fullmatch(c.text) for p in patterns)
                 for c in judged
             )
@@ -123,7 +124,7 @@ class Exec(Tool[ExecInput]):
         """Only a command that reads, judged command by command, may run beside others."""
         parsed = _judged(args)
         judged = [c for c in parsed.commands if not c.wrapper]
-        return parsed.ok and bool(judged) and all(_read_only(c) for c in judged)
+        return parsed.ok and bool(judged) and all(read_only(c) for c in judged)
 
     def permission_check(self, args: ExecInput, workspace: str) -> tuple[Verdict, str] | None:
         return check_line(args.command, args.working_dir)
@@ -163,9 +164,9 @@ def run_shell(
     or confined on this host, with `env` added, its output capped; exec and custom tools
     both run this way (a custom tool's line is judged as its preview, `judged`: its
     values quoted where the command reads them from `env`). A command confined on this
-    host is told which paths it named it could not see (`confine.unseen`). On this host,
-    its output is also sent as it comes (`tool_output_delta`, live_output.py) as `name`,
-    scrubbed of `secrets` too."""
+    host is told which paths it named it could not see (`confine.unseen`). Its output is
+    also sent as it comes (`tool_output_delta`, live_output.py) as `name`, scrubbed of
+    `secrets` too, on this host and in the sandbox alike."""
     if finding := judge_line(command if judged is None else judged, working_dir):
         raise ToolError(finding.message())
     require_containment(ctx)
@@ -174,20 +175,22 @@ def run_shell(
     if not os.path.isdir(cwd):
         raise ToolError(f"working_dir '{working_dir}' is not a directory")
     started = time.monotonic()
-    if ctx.settings.sandbox_enabled:
-        if ctx.sandbox is None:
-            raise ToolError("the sandbox is enabled but this worker has none; not running")
-        done = _in_sandbox(ctx.sandbox, ctx, ws.root, cwd, command, timeout, env or {})
-    else:
-        host = host_argv(ctx, ws.root, cwd, command, tied=True)
-        cap = ctx.settings.exec_output_cap_bytes
-        live = live_output(ctx, name, secrets or []) if name else None
-        try:
+    if ctx.settings.sandbox_enabled and ctx.sandbox is None:
+        raise ToolError("the sandbox is enabled but this worker has none; not running")
+    sandbox = ctx.sandbox if ctx.settings.sandbox_enabled else None
+    host = None if sandbox is not None else host_argv(ctx, ws.root, cwd, command, tied=True)
+    live = live_output(ctx, name, secrets or []) if name else None
+    try:
+        if sandbox is not None:
+            done = _in_sandbox(sandbox, ctx, ws.root, cwd, command, timeout, env or {}, live)
+        else:
+            assert host is not None
+            cap = ctx.settings.exec_output_cap_bytes
             done = _on_host(host, cwd, timeout, cap, ctx.cancelled, env or {}, live)
-        finally:
-            if live is not None:
-                live.close()
-        done.unseen = confine.unseen(confine.for_settings(ctx.settings), command, ws.root, cwd)
+            done.unseen = confine.unseen(confine.for_settings(ctx.settings), command, ws.root, cwd)
+    finally:
+        if live is not None:
+            live.close()
     return _result(judged or command, done, timeout, time.monotonic() - started)
 
 
@@ -331,12 +334,15 @@ def _in_sandbox(
     command: str,
     timeout: float,
     env: dict[str, str],
+    live: LiveOutput | None = None,
 ) -> _Done:
+    """Run the command in the key's container; `live` hears its output as it is read."""
     cap = ctx.settings.exec_output_cap_bytes
     key = ctx.context.sandbox_key or ctx.job_id
+    heard = live.chunk if live is not None else None
     try:
         run = sandbox.run(
-            key, root, command, cwd, timeout, cap, {"HOME": "/tmp", **env}, cancelled=ctx.cancelled
+            key, root, command, cwd, timeout, cap, {"HOME": "/tmp", **env}, ctx.cancelled, heard
         )
     except SandboxError as exc:
         raise ToolError(f"sandbox error, command not run: {exc}") from exc
@@ -378,77 +384,6 @@ def _result(command: str, done: _Done, timeout: float, elapsed: float) -> ToolRe
         is_error=done.exit_code != 0,
         metadata={"exit_code": done.exit_code, "seconds": round(elapsed, 3), "where": done.where},
     )
-
-
-READ_ONLY = frozenset(
-    {
-        "ls",
-        "cat",
-        "head",
-        "tail",
-        "wc",
-        "grep",
-        "egrep",
-        "fgrep",
-        "rg",
-        "stat",
-        "file",
-        "du",
-        "df",
-        "pwd",
-        "echo",
-        "printf",
-        "true",
-        "false",
-        "sleep",
-        "date",
-        "whoami",
-        "id",
-        "uname",
-        "printenv",
-        "which",
-        "type",
-        "sort",
-        "uniq",
-        "cut",
-        "tr",
-        "diff",
-        "cmp",
-        "md5sum",
-        "sha256sum",
-        "basename",
-        "dirname",
-        "realpath",
-        "readlink",
-        "jq",
-        "tree",
-        "nproc",
-        "seq",
-    }
-)
-READ_ONLY_GIT = frozenset({"status", "log", "diff", "show", "rev-parse", "ls-files", "blame"})
-WRITING_FIND = frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprintf"})
-
-
-def _read_only(command: SimpleCommand) -> bool:
-    if command.writes_to or command.dynamic_name or command.assignments:
-        return False
-    name, args = command.name, command.argv[1:]
-    if name == "find":
-        return not WRITING_FIND & set(args)
-    if name == "sed":
-        return not any(a.startswith(("-i", "--in-place")) for a in args)
-    if name == "sort":
-        return not any(a.startswith(("-o", "--output")) for a in args)
-    if name == "git":
-        return bool(args) and args[0] in READ_ONLY_GIT
-    return name in READ_ONLY
-
-
-def _stays_inside(target: str) -> bool:
-    """A redirect a rule may allow: a plain relative path that cannot leave the working
-    directory (absolute, home, `..` or computed targets never are)."""
-    return not (target.startswith(("/", "~")) or "$" in target or ".." in Path(target).parts)
 
 
 def _judged(args: ExecInput) -> ParsedShell:

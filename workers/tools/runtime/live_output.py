@@ -43,8 +43,10 @@ class LiveOutput:
         name: str,
         settings: Any,
         scrub: Callable[[str], str],
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.scrub = scrub
+        self.extra = extra or {}  # more data for every delta (a background process's id)
         self.client = client
         self.job_id = job_id
         self.call_id = call_id
@@ -127,6 +129,7 @@ class LiveOutput:
         data: dict[str, Any] = {
             "call_id": self.call_id,
             "name": self.name,
+            **self.extra,
             "stream": stream,
             "offset": self.offsets[stream],
             "text": text,

@@ -3,7 +3,8 @@ stdin, signal.
 
 Each process runs under a detached supervisor (`workers.tools.runtime.procsup`) whose state is a
 directory on the worker's host; every call after `start` is routed to that host's own
-queue (`runtime.<host>`), so any runtime worker there can serve it. Output is bounded.
+queue (`runtime.<host>`), so any runtime worker there can serve it. Output is bounded,
+and comes as `tool_output_delta` events of the starting job while it runs (`process_live`).
 Processes end with their session: runtime workers kill those of sessions that ended.
 """
 
@@ -29,6 +30,7 @@ from workers.confine.safety import check_line, judge_line
 from workers.confine.sandbox import Sandbox, SandboxError
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult, Verdict
 from workers.tools.fs.common import workspace
+from workers.tools.runtime import process_live
 from workers.tools.runtime.exec import host_argv, require_containment
 from workers.tools.runtime.procsup import INFO_FD
 
@@ -163,6 +165,7 @@ class Process(Tool[ProcessInput]):
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             close_fds=True,
+            env=process_live.prepare(ctx, state, process_id),  # the Redis URL never in argv
         )
         threading.Thread(target=supervisor.wait, daemon=True).start()  # reaped at its end
         for _ in range(100):  # the supervisor writes the pid once the command runs

@@ -4,6 +4,7 @@ It runs detached from the worker (its own session), so the process lives with it
 session, not with the worker process that started it. It feeds the command's stdin from a
 FIFO, keeps at most `cap` bytes of its output (older output is dropped and counted), and
 records the exit code. Its whole state is a directory any worker on the host can read.
+Its output also goes, as it comes, to the job that started it (`process_live`).
 With the sandbox on, the command runs in the session's container through an attached
 exec, and the same directory holds where it runs.
 
@@ -24,6 +25,9 @@ import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+
+from workers.tools.runtime.live_output import LiveOutput
+from workers.tools.runtime.process_live import feed, tell
 
 CHUNK = 65536
 INFO_FD = 63  # where bubblewrap writes the pid of the command's namespace (see argv)
@@ -53,19 +57,22 @@ class Sink:
 
 
 def supervise(state: Path, cap: int) -> int:
+    live = feed(state)  # first: the Redis URL and the secrets leave the environment
     fifo = state / "in"
     os.mkfifo(fifo, 0o600)
     stdin = os.open(fifo, os.O_RDWR)  # read and write ends: the process never sees EOF
     sink = Sink(state, cap)
     if (state / "sandbox_key").exists():
-        code = _in_sandbox(state, stdin, sink)
+        code = _in_sandbox(state, stdin, sink, live)
     else:
-        code = _on_host(state, stdin, sink)
+        code = _on_host(state, stdin, sink, live)
     (state / "code").write_text(str(code))
+    if live is not None:
+        live.close()  # after the code: a Redis that hangs delays nothing that counts
     return code
 
 
-def _on_host(state: Path, stdin: int, sink: Sink) -> int:
+def _on_host(state: Path, stdin: int, sink: Sink, live: LiveOutput | None) -> int:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME")}
     argv = json.loads((state / "argv").read_text())
     reports = "--info-fd" in argv
@@ -92,6 +99,7 @@ def _on_host(state: Path, stdin: int, sink: Sink) -> int:
     assert proc.stdout is not None
     while chunk := proc.stdout.read1(CHUNK):  # type: ignore[attr-defined]
         sink.write(chunk)
+        tell(live, "stdout", chunk)  # stderr joins stdout here
     return proc.wait()
 
 
@@ -108,11 +116,11 @@ def _namespace_pid(info: int) -> int | None:
     return None
 
 
-def _in_sandbox(state: Path, stdin: int, sink: Sink) -> int:
+def _in_sandbox(state: Path, stdin: int, sink: Sink, live: LiveOutput | None) -> int:
     from docker.utils.socket import frames_iter
 
     from broker.config.settings import Settings
-    from workers.confine.sandbox import Sandbox, SandboxError, _close
+    from workers.confine.sandbox import STDERR, Sandbox, SandboxError, _close
 
     sandbox = Sandbox(Settings.model_validate_json((state / "sandbox.json").read_text()))
     try:
@@ -138,8 +146,9 @@ def _in_sandbox(state: Path, stdin: int, sink: Sink) -> int:
 
     threading.Thread(target=pump, daemon=True).start()
     frames: Iterable[tuple[int, bytes]] = frames_iter(attached.sock, tty=False)
-    for _, chunk in frames:
+    for stream_id, chunk in frames:
         sink.write(chunk)
+        tell(live, "stderr" if stream_id == STDERR else "stdout", chunk)
     _close(attached.sock)
     code = sandbox.exit_code(attached.exec_id)
     sandbox.close()
