@@ -34,11 +34,19 @@ class Upkeep:
     _reloading: threading.Lock
     _retry_at: float
 
-    def follow_config(self, version: int) -> bool:
+    def follow_config(self, version: int | None = None) -> bool:
         """Reload when the live configuration moved since it was loaded (`version`: its
-        counter as a call's claim read it, -1 unread), so a change applied before a call
-        is in force for it (the notice may be late); whether it reloaded. A load that
-        failed is tried again at most once a second."""
+        counter as a call's claim read it, -1 unread; None: read it now), so a change
+        applied before a call is in force for it (the notice may be late); whether it
+        reloaded. A load that failed is tried again at most once a second."""
+        if version is None:
+            from broker.config import live as live_config
+            from broker.redis import changes
+
+            try:
+                version = changes.version(self.redis, live_config.TOPIC)
+            except redis.RedisError:
+                return False
         if version < 0 or version == self.config_version:
             return False
         if time.monotonic() < self._retry_at:
