@@ -16,6 +16,7 @@ import redis
 
 from broker import keys
 from broker.config import live as live_config
+from broker.config.settings import Settings
 from broker.pg.store import Store
 from broker.protocol import CallContext, CallEnvelope
 from broker.redis import changes
@@ -46,19 +47,7 @@ def test_a_change_applied_before_a_call_is_in_force_for_it(
     monkeypatch.setenv("TEST_RELOAD_TG_TOKEN", TOKEN)
     base = isolated.settings.model_copy(update={"web_private_allow": [telegram.endpoint]})
     client = redis.Redis.from_url(base.redis_url)
-    ledger = Ledger(client, 600)
-    runtime = WorkerRuntime(
-        base,
-        default_registry(),
-        "messaging",
-        "worker:test:1",
-        client,
-        ledger,
-        heartbeat=None,  # type: ignore[arg-type]  # not used by a call
-        scrub=Scrubber(secrets_of(base)),
-        outcomes=Outcomes(ledger, client, str(tmp_path / "spool"), base.outage_retry_s),
-        base_settings=base,
-    )
+    runtime = worker(base, client, "messaging", tmp_path)
     runtime.reload_settings()  # nothing applied yet: the environment rules
     assert runtime.config_version == 0 and not runtime.settings.message_channels
     store = Store(base.database_url)
@@ -87,19 +76,7 @@ def test_a_read_that_reaches_the_network_waits_for_the_configuration_in_force(
     with Site({"/page": page}) as site:
         base = isolated.settings.model_copy(update={"web_private_allow": [site.endpoint]})
         client = redis.Redis.from_url(base.redis_url)
-        ledger = Ledger(client, 600)
-        runtime = WorkerRuntime(
-            base,
-            default_registry(),
-            "web",
-            "worker:test:2",
-            client,
-            ledger,
-            heartbeat=None,  # type: ignore[arg-type]  # not used by a call
-            scrub=Scrubber(secrets_of(base)),
-            outcomes=Outcomes(ledger, client, str(tmp_path / "spool"), base.outage_retry_s),
-            base_settings=base,
-        )
+        runtime = worker(base, client, "web", tmp_path)
         runtime.reload_settings()
         fetched = runtime.run_call(envelope("f1", {"url": site.url + "/page"}, "web_fetch"))
         assert fetched is not None and "the page" in fetched.for_llm, fetched
@@ -119,6 +96,24 @@ def test_a_read_that_reaches_the_network_waits_for_the_configuration_in_force(
         egress_for(runtime.settings).close()
         runtime.store().close()
         client.close()
+
+
+def worker(base: Settings, client: redis.Redis, queue: str, tmp_path: Path) -> WorkerRuntime:
+    """A worker process's runtime in this process, with no change-notice listener: only the
+    check at the call can load a change."""
+    ledger = Ledger(client, 600)
+    return WorkerRuntime(
+        base,
+        default_registry(),
+        queue,
+        f"worker:test:{queue}",
+        client,
+        ledger,
+        heartbeat=None,  # type: ignore[arg-type]  # not used by a call
+        scrub=Scrubber(secrets_of(base)),
+        outcomes=Outcomes(ledger, client, str(tmp_path / "spool"), base.outage_retry_s),
+        base_settings=base,
+    )
 
 
 def envelope(call_id: str, input_: dict[str, Any], tool: str = "message") -> CallEnvelope:
