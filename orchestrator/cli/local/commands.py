@@ -154,6 +154,7 @@ def _run(
     stack = Stack(workers, workers_per_group, env=env, log_level=log_level, api=True, log=log)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the stack on TERM too
     launch.superuser_note()
+    launch.migrated(settings)
     try:
         stack.start()
         launch.announce(stack)
@@ -214,6 +215,7 @@ def demo(workers_per_group: int, verbose: bool) -> None:
         workers = launch.layout(launch.groups(settings))
         stack = Stack(workers, workers_per_group, env=env, api=True, log=log)
         launch.superuser_note()
+        launch.migrated(settings)
         try:
             stack.start()
             launch.announce(stack)

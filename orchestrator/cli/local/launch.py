@@ -83,6 +83,18 @@ def superuser_note() -> None:
         )
 
 
+def migrated(settings: Settings) -> None:
+    """The schema before any process starts: an orchestrator's sweeps read it from their
+    first tick, and the API, which also migrates, starts beside them."""
+    from broker.pg.store import Store
+
+    store = Store(settings.database_url)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+
+
 def announce(stack: Stack) -> None:
     """One line per process started."""
     for index, proc in enumerate(stack.procs):
