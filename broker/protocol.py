@@ -201,6 +201,21 @@ class JobSpec(BaseModel):
     replay: ReplayOf | None = None
     fork: ForkOf | None = None
 
+    @classmethod
+    def stored(cls, raw: dict[str, Any]) -> JobSpec:
+        """A spec as stored (every field written out): the fields left at their default
+        are left out before it is read, so the spec remembers only the few that were set
+        (a set of all 27 names was 2 KB of each running job's memory)."""
+        set_here = {k: v for k, v in raw.items() if k not in _DEFAULTS or _DEFAULTS[k] != v}
+        return cls.model_validate(set_here)
+
+
+_DEFAULTS: dict[str, Any] = {
+    name: field.get_default(call_default_factory=True)
+    for name, field in JobSpec.model_fields.items()
+    if not field.is_required()
+}
+
 
 class Subagent(BaseModel):
     """One node of a job's subagent tree (`Job.subagents()`)."""

@@ -302,7 +302,7 @@ class Orchestrator:
             return None
         if row["status"] in FINAL_STATUSES or row["status"] == "waiting":
             return None  # over, or parked: the answer to its last request queues it again
-        spec = JobSpec.model_validate(row["spec"])
+        spec = JobSpec.stored(row["spec"])
         if spec.depth > 0:
             if not await self._reclaim_slot(job_id):
                 log.info("subagent %s waits for a free slot", job_id)

@@ -68,7 +68,7 @@ class Gate:
     session_id: str
     spec: JobSpec
     registry: Registry
-    visible: set[str]
+    visible: frozenset[str]
     rules: list[Rule]
     hooks: Hooks
     approvals: Approvals

@@ -86,6 +86,7 @@ class PolicyEngine:
         self.policy = policy
         self.groups = self._groups()
         self.validate()
+        self._visible: dict[tuple[str, str, int, int], frozenset[str]] = {}
 
     def _groups(self) -> dict[str, set[str]]:
         names = set(self.registry.names())
@@ -138,8 +139,16 @@ class PolicyEngine:
 
     def visible(
         self, agent: str = "main", provider: str = "", depth: int = 0, max_depth: int = 1
-    ) -> set[str]:
-        """The final list of tool names sent to the model."""
+    ) -> frozenset[str]:
+        """The final list of tool names sent to the model: made once per agent, provider
+        and depth, and shared by their jobs (a set of every tool's name per running job
+        was 1 KB of its memory)."""
+        key = (agent, provider, depth, max_depth)
+        if (found := self._visible.get(key)) is None:
+            found = self._visible[key] = frozenset(self._visible_now(*key))
+        return found
+
+    def _visible_now(self, agent: str, provider: str, depth: int, max_depth: int) -> set[str]:
         p = self.policy
         all_tools = set(self.registry.names())
         agent_policy = p.agents.get(agent)

@@ -187,3 +187,25 @@ def test_mcp_groups_are_dynamic() -> None:
     # a server not (yet) listed is no configuration error: its group is empty
     quiet = PolicyEngine(default_registry(), ToolPolicy.model_validate({"allow": ["group:mcp:x"]}))
     assert quiet.visible() == set()
+
+
+def test_one_engine_answers_each_agent_provider_and_depth_as_a_new_one_would() -> None:
+    """The engine keeps what it worked out per agent, provider and depth (shared by their
+    jobs): asking in any order gives what a fresh engine gives."""
+    policy = {
+        "byProvider": {"openai": {"allow": ["group:fs"]}},
+        "agents": {"a": {"deny": ["exec"]}},
+    }
+    asks: list[dict[str, Any]] = [
+        {},
+        {"agent": "a"},
+        {"provider": "openai"},
+        {"agent": "a", "provider": "openai"},
+        {"depth": 1, "max_depth": 2},
+        {"depth": 1, "max_depth": 1},
+        {},
+    ]
+    engine = PolicyEngine(registry(), ToolPolicy.model_validate(policy))
+    answers = [set(engine.visible(**kwargs)) for kwargs in asks]
+    assert answers == [visible(policy, **kwargs) for kwargs in asks]
+    assert len({frozenset(a) for a in answers}) == 5  # the cases differ
