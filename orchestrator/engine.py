@@ -54,6 +54,7 @@ from orchestrator.services.requests import RequestExpiry
 from orchestrator.services.service import Service
 from orchestrator.services.subagents import SubagentArchive
 from orchestrator.services.task_events import AgentTaskEvents
+from workers.confine.host import contains
 from workers.registry import Registry, default_registry
 
 log = logging.getLogger("clawq.orchestrator")
@@ -137,6 +138,7 @@ class Orchestrator:
             ),
             CustomCatalog(self.redis, self.store.pool),
             LiveSettings(self.settings),
+            contained=contains(self.settings),
         )
         self.announcements = self.services.announcements
         try:

@@ -17,6 +17,7 @@ from broker import keys
 from broker.config.live import TOPIC, effective, reject
 from broker.config.settings import Settings
 from broker.redis.ratelimit import RateLimiter
+from workers.confine.host import contains
 
 if TYPE_CHECKING:
     from orchestrator.job.state import Services
@@ -69,4 +70,5 @@ class LiveSettings:
         if problems:
             raise ValueError("; ".join(problems))
         s.settings, s.policy, s.hooks = settings, policy, hooks
+        s.contained = contains(settings)
         s.limiter = RateLimiter(s.redis, settings.rate_limit_per_hour)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -54,6 +55,7 @@ class Registry:
         self._tools: dict[str, Tool[Any]] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         self._descriptions: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+        self._description_chars: dict[tuple[str, ...], int] = {}
         self.register(*tools)
 
     def register(self, *tools: type[Tool[Any]]) -> None:
@@ -113,6 +115,14 @@ class Registry:
     def anthropic_tools(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The tools as Anthropic's API describes them (made once per selection)."""
         return self._described("anthropic", names)
+
+    def described_chars(self, names: Iterable[str] | None = None) -> int:
+        """The characters of `openai_tools(names)` as JSON, the tools' share of a request's
+        size (measured once per selection, not once per job)."""
+        key = tuple(t.name for t in self._select(names))
+        if (found := self._description_chars.get(key)) is None:
+            found = self._description_chars[key] = len(json.dumps(self.openai_tools(names)))
+        return found
 
     def _described(self, api: str, names: Iterable[str] | None) -> list[dict[str, Any]]:
         tools = self._select(names)

@@ -107,7 +107,7 @@ class JobContext(JobFinish):
 
     def request_chars(self, view: list[Message]) -> int:
         if self.fixed_chars < 0:
-            self.fixed_chars = len(self.system) + len(json.dumps(self.openai_tools))
+            self.fixed_chars = len(self.system) + self.registry.described_chars(self.tools)
         if view is self._view:
             return self.fixed_chars + self._view_chars
         return self.fixed_chars + sum(_chars(m) for m in view)

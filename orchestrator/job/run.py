@@ -38,7 +38,6 @@ from orchestrator.providers import (
     ModelRequest,
     provider_for,
 )
-from workers.confine.host import contains
 from workers.tools.mcp.tool import tool_class
 
 log = logging.getLogger("clawq.loop")
@@ -100,7 +99,7 @@ class JobRun(JobContext):
             *self.approval_wait(),
             self.emit,
             exec_approvals(s.settings)[1],
-            contains(s.settings),
+            s.contained,
             self.notify_chat,
         )
 

@@ -59,6 +59,9 @@ class Services:
     announcements: AnnounceQueue  # synchronous (shared with workers): call it in a thread
     custom: CustomCatalog
     live: Any = None  # orchestrator.live.LiveSettings: swaps settings/policy/hooks/limiter
+    # whether commands run contained (`workers.confine.host.contains`), worked out with the
+    # settings rather than per job (it resolves a dozen paths)
+    contained: bool = False
     budget: Budget | None = None  # made on the first charge (its script's hash, once)
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 import pytest
@@ -111,3 +112,17 @@ def test_groups_have_queues() -> None:
         Group.messaging,
         Group.media,
     ]
+
+
+def test_the_described_size_is_the_json_of_the_selection_and_follows_new_tools() -> None:
+    """What a request's size counts for the tools (once per selection, not per job)."""
+    registry = Registry()
+    registry.register(*(type(t) for t in default_registry() if t.name != "write_file"))
+    some = ["read_file", "list_files"]
+    for names in (some, None):
+        assert registry.described_chars(names) == len(json.dumps(registry.openai_tools(names)))
+    before = registry.described_chars()
+    write_file = default_registry().get("write_file")
+    assert write_file is not None
+    registry.register(type(write_file))
+    assert registry.described_chars() == len(json.dumps(registry.openai_tools())) > before
