@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import ClassVar
 
 import pytest
@@ -126,3 +128,14 @@ def test_the_described_size_is_the_json_of_the_selection_and_follows_new_tools()
     assert write_file is not None
     registry.register(type(write_file))
     assert registry.described_chars() == len(json.dumps(registry.openai_tools())) > before
+
+
+def test_listing_the_tools_leaves_bm25_and_numpy_to_the_call_that_needs_them() -> None:
+    """Every process builds the registry (the orchestrator, each worker): numpy and bm25s
+    are 24 MB of each one's memory, for one tool (skill search) most never run."""
+    code = (
+        "import sys; import orchestrator.engine; from workers.registry import default_registry;"
+        "default_registry(); print(sorted({'numpy', 'bm25s'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -10,7 +10,6 @@ from pydantic import Field
 
 from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
-from workers.tools.media.skill_index import index_for
 
 MAX_DESCRIPTION_CHARS = 500
 
@@ -60,6 +59,9 @@ class SkillSearch(Tool[SkillSearchInput]):
             )
         cap = ctx.settings.skill_search_max_results
         limit = min(args.limit or cap, cap)
+        # imported here: BM25 brings numpy (24 MB) into every process that lists this tool
+        from workers.tools.media.skill_index import index_for
+
         found = index_for(roots).search(args.query, limit, ctx.redis)
         meta: dict[str, Any] = {"skills": found.skills, "version": found.version}
         if not found.skills:
