@@ -12,10 +12,19 @@ from broker.stores.context_files import VersionConflict
 from broker.stores.memory_index import MemoryDocument, MemoryIndex
 from broker.stores.memory_search import MemorySearch
 
-# the paths of every document a user sees (agent_id, user_id), the user's copy first
-PATHS_SQL = (
-    "SELECT DISTINCT ON (path) path, user_id FROM memory_documents"
-    " WHERE agent_id = %s AND user_id IN (%s, '') ORDER BY path, user_id = ''"
+# what a user sees of the memory (agent_id, user_id: theirs and the agent's global), one
+# text column each, for list_files: below a directory (its prefix, ending in '/') ...
+PATHS_UNDER_SQL = (
+    "SELECT DISTINCT path FROM memory_documents"
+    " WHERE agent_id = %s AND user_id IN (%s, '') AND starts_with(path, %s)"
+)
+# ... and at the workspace root: MEMORY.md, memory.md, and 'memory/' if anything is in it
+# (at most three rows, however many documents the agent keeps)
+ROOT_NAMES_SQL = (
+    "SELECT path FROM memory_documents WHERE agent_id = %s AND user_id IN (%s, '')"
+    " AND path IN ('MEMORY.md', 'memory.md')"
+    " UNION SELECT 'memory/' WHERE EXISTS (SELECT 1 FROM memory_documents"
+    " WHERE agent_id = %s AND user_id IN (%s, '') AND starts_with(path, 'memory/'))"
 )
 
 

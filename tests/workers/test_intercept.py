@@ -20,6 +20,7 @@ from tests.conftest import Isolated
 from workers.execute import run_tool
 from workers.registry import default_registry
 from workers.tool import ToolContext, ToolResult
+from workers.tools.fs.intercept import Memory, listed
 
 REGISTRY = default_registry()
 
@@ -199,3 +200,27 @@ def test_the_root_listing_shows_the_disk_the_context_files_and_the_memory_at_onc
     assert alice("list_files").for_llm.split() == ["SOUL.md", "USER.md", "memory/", "notes.txt"]
     assert bob("list_files").for_llm.split() == ["MEMORY.md", "SOUL.md", "notes.txt"]
     (workspace / "notes.txt").unlink()  # the test's own file: the listing only read it
+
+
+def test_the_memorys_listings_read_only_what_they_show(
+    isolated: Isolated, db: Store, workspace: Path
+) -> None:
+    """At the root, three rows at most however many documents the memory holds; below a
+    directory, only the documents under it (a sibling whose name starts the same is not)."""
+    memory = MemoryStore(db.conn)
+    for n in range(40):
+        memory.put("main", "alice", f"memory/day{n}.md", "x\n", 0, index=False)
+    memory.put("main", "", "MEMORY.md", "global\n", 0, index=False)
+    memory.put("main", "alice", "memory/notes/a.md", "x\n", 0, index=False)
+    memory.put("main", "alice", "memory/notes2/b.md", "x\n", 0, index=False)
+    ctx = ToolContext(
+        context=CallContext(workspace=str(workspace), agent_id="main", user_id="alice"),
+        settings=isolated.settings,
+        job_id="j",
+        store=lambda: db,
+    )
+    read = Memory()
+    assert listed([read.listing(".", ctx)], ".", ctx) == ["MEMORY.md", "memory/"]  # type: ignore[list-item]
+    under = read.listing("memory/notes", ctx)
+    assert under is not None and under.params[-1] == "memory/notes/"
+    assert listed([under], "memory/notes", ctx) == ["a.md"]

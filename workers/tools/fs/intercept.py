@@ -19,9 +19,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from broker.stores.context_files import (
     CONTEXT_FILES,
@@ -32,7 +33,7 @@ from broker.stores.context_files import (
     jobs_may_write,
     owner_of,
 )
-from broker.stores.memory import PATHS_SQL, MemoryStore
+from broker.stores.memory import PATHS_UNDER_SQL, ROOT_NAMES_SQL, MemoryStore
 from workers.tool import ToolContext, ToolError
 
 if TYPE_CHECKING:
@@ -108,24 +109,33 @@ class Interceptor(Protocol):
 
 @dataclass(frozen=True)
 class Listing:
-    """What an interceptor reads to list a directory: one query, and the names it makes
-    of the rows. list_files reads every interceptor's in one round trip (`listed`)."""
+    """What an interceptor reads to list a directory: a query of one text column, and the
+    names it makes of its values. list_files reads every interceptor's in one statement
+    (`listed`)."""
 
     sql: str
     params: tuple[object, ...]
-    names: Callable[[list[Any]], list[str]]
+    names: Callable[[list[str]], list[str]] = sorted
 
 
 def listed(listings: list[Listing], rel: str, ctx: ToolContext) -> list[str]:
-    """The names of all the listings, their queries sent together (a psycopg pipeline)."""
+    """The names of all the listings, read in one statement: each listing's query is a
+    branch of a UNION ALL, its rows tagged with its place (one PostgreSQL exchange, where
+    a pipeline of several statements cost a quarter more)."""
     if not listings:
         return []
+    sql = " UNION ALL ".join(
+        f"SELECT {i}, v FROM ({item.sql}) AS listing{i}(v)" for i, item in enumerate(listings)
+    )
+    params = tuple(p for item in listings for p in item.params)
     with database("list", rel):
-        conn = _store(ctx)
-        with conn.pipeline():  # sent at once, their results read at the block's one sync
-            cursors = [conn.execute(item.sql, item.params) for item in listings]
-        rows = [cur.fetchall() for cur in cursors]
-    return [name for item, found in zip(listings, rows, strict=True) for name in item.names(found)]
+        rows = _store(ctx).cursor(row_factory=tuple_row).execute(sql, params).fetchall()
+    values: list[list[str]] = [[] for _ in listings]
+    for i, value in rows:
+        values[i].append(value)
+    return [
+        name for item, found in zip(listings, values, strict=True) for name in item.names(found)
+    ]
 
 
 @contextmanager
@@ -255,7 +265,7 @@ class ContextFiles:
         if rel != "." or ctx.store is None:  # no database here: the disk's listing alone
             return None
         c = ctx.context
-        return Listing(NAMES_SQL, (c.agent_id, c.user_id), lambda rows: [r["name"] for r in rows])
+        return Listing(NAMES_SQL, (c.agent_id, c.user_id))
 
 
 class Memory:
@@ -341,20 +351,20 @@ class Memory:
         c = ctx.context
         if rel != "." and not self.owns_directory(rel):
             return None
-        if rel == "." and ctx.store is None:
-            return None
-        return Listing(PATHS_SQL, (c.agent_id, c.user_id), partial(self._names, rel))
+        if rel == ".":
+            if ctx.store is None:
+                return None
+            return Listing(ROOT_NAMES_SQL, (c.agent_id, c.user_id) * 2)
+        prefix = rel.rstrip("/") + "/"
+        return Listing(
+            PATHS_UNDER_SQL, (c.agent_id, c.user_id, prefix), partial(self._names, prefix)
+        )
 
     @staticmethod
-    def _names(rel: str, rows: list[Any]) -> list[str]:
-        paths = [r["path"] for r in rows]
-        if rel == ".":
-            names = {p for p in paths if p in MEMORY_FILES}
-            if any(p.startswith("memory/") for p in paths):
-                names.add("memory/")
-            return sorted(names)
-        prefix = rel.rstrip("/") + "/"
-        below = {p[len(prefix) :] for p in paths if p.startswith(prefix)}
+    def _names(prefix: str, paths: list[str]) -> list[str]:
+        """The entries of the directory `prefix`: its documents, and its subdirectories
+        (ending in '/')."""
+        below = {p[len(prefix) :] for p in paths}
         return sorted({b.split("/", 1)[0] + ("/" if "/" in b else "") for b in below})
 
 
