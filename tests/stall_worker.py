@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -18,6 +19,7 @@ from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
 class StallInput(ToolInput):
     seconds: float = Field(ge=0)
     ignore_soft_limit: bool = False  # a call that swallows the soft limit and goes on
+    runs: str = ""  # a file each run appends its process id to (how often it started)
 
 
 class Stall(Tool[StallInput]):
@@ -29,6 +31,9 @@ class Stall(Tool[StallInput]):
     default_permission = "allow"
 
     def run(self, args: StallInput, ctx: ToolContext) -> ToolResult:
+        if args.runs:
+            with open(args.runs, "a") as fh:
+                fh.write(f"{os.getpid()}\n")
         until = time.monotonic() + args.seconds
         while (left := until - time.monotonic()) > 0:
             try:

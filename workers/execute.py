@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,16 @@ RAN_AGAIN = (
 
 
 @dataclass
+class Unclaimed:
+    """A read running before its claim. Claimed by `claim_long_reads` once it has run
+    `read_claim_after_s` (`verdict`: that claim's answer, on its way)."""
+
+    claim: tuple[str, int, str, str, int, float]
+    since: float
+    verdict: Future[Begin] | None = None
+
+
+@dataclass
 class WorkerRuntime(Upkeep):
     """What one executing process holds: its identity, Redis, ledger, heartbeat."""
 
@@ -60,6 +71,8 @@ class WorkerRuntime(Upkeep):
     base_settings: Settings | None = None  # the environment's, under the live configuration
     config_version: int = -1  # the live configuration's change counter when last loaded
     held: dict[str, float] = field(default_factory=dict)  # calls taken here, not yet recorded
+    unclaimed: dict[str, Unclaimed] = field(default_factory=dict)  # reads running unclaimed
+    _unclaimed_lock: threading.Lock = field(default_factory=threading.Lock)
     _store: Store | None = None
     _celery: Celery | None = None
     _reloading: threading.Lock = field(default_factory=threading.Lock)
@@ -107,6 +120,7 @@ class WorkerRuntime(Upkeep):
         # moments, and each call's claim reads its counter too (`follow_config`)
         Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
         runtime.reload_settings()  # what was applied before this process began
+        threading.Thread(target=runtime.claim_long_reads, name="clawq-claims", daemon=True).start()
         if "runtime" in queues:
             threading.Thread(
                 target=runtime.end_sessions, name="clawq-sessions", daemon=True
@@ -138,10 +152,11 @@ class WorkerRuntime(Upkeep):
             self.held.pop(key, None)
 
     def _run_call(self, envelope: CallEnvelope, queue: str = "") -> CallOutcome | None:
-        """A read's first delivery runs while its claim is on the way (running it twice
-        changes nothing); any other call, and a read sent again (its runner died: it may
-        be what kills them), runs only once the ledger has said it may. Redis away at any
-        step is waited for: the claim, the answer, the outcome."""
+        """A read's first delivery runs before its claim, which then goes with its outcome
+        (running it twice changes nothing); any other call, and a read sent again (its
+        runner died: it may be what kills them), runs only once the ledger has said it
+        may. Redis away at any step is waited for: the claim, the answer, the outcome."""
+        queue = queue or self.queue
         claim = (
             envelope.job_id,
             envelope.turn,
@@ -152,9 +167,10 @@ class WorkerRuntime(Upkeep):
         )
         ahead: ToolResult | None = None
         if self.runs_ahead(envelope):
-            begun = self.run_ahead(envelope, claim)
-            if isinstance(begun, tuple):
-                begun, ahead = begun
+            found = self.run_ahead(envelope, claim, queue)
+            if isinstance(found, CallOutcome):
+                return found
+            begun, ahead = found
         else:
             begun = self.outcomes.begin(*claim)
         if self.follow_config(begun.config_version):  # moved: a read ahead ran under the old
@@ -167,12 +183,6 @@ class WorkerRuntime(Upkeep):
             log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)
             return None
         attempts = int(begun.detail)
-        queue = queue or self.queue
-        m = metrics()
-        if envelope.sent_at:
-            m.queue_wait.labels(queue).observe(max(0.0, started - envelope.sent_at))
-        if attempts > 1:
-            m.redeliveries.labels(queue).inc()
         if begun.verdict == "exhausted":
             result = ToolResult.error(
                 f"{envelope.tool} was abandoned: the process running it died {begun.detail} "
@@ -186,9 +196,22 @@ class WorkerRuntime(Upkeep):
             result = self.traced(envelope, begun.cancelled)
             if begun.again and not self.is_read(envelope) and not begun.cancelled:
                 result = result.model_copy(update={"for_llm": RAN_AGAIN + result.for_llm})
-        m.calls.labels(envelope.tool, "error" if result.is_error else "ok").inc()
-        m.call_seconds.labels(envelope.tool).observe(time.time() - started)
-        outcome = CallOutcome(
+        outcome = self.outcome(envelope, result, queue, attempts, started)
+        self.count(envelope, outcome)
+        self.outcomes.record(
+            envelope.job_id,
+            envelope.turn,
+            envelope.call_id,
+            envelope.reply_to,
+            outcome.model_dump_json(),
+        )
+        return outcome
+
+    def outcome(
+        self, envelope: CallEnvelope, result: ToolResult, queue: str, attempts: int, started: float
+    ) -> CallOutcome:
+        """The call's outcome as it leaves the worker (scrubbed)."""
+        return CallOutcome(
             call_id=envelope.call_id,
             job_id=envelope.job_id,
             turn=envelope.turn,
@@ -201,37 +224,70 @@ class WorkerRuntime(Upkeep):
             attempts=attempts,
             started_at=started,
         )
-        self.outcomes.record(
-            envelope.job_id,
-            envelope.turn,
-            envelope.call_id,
-            envelope.reply_to,
-            outcome.model_dump_json(),
-        )
-        return outcome
+
+    def count(self, envelope: CallEnvelope, outcome: CallOutcome) -> None:
+        """The metrics of a call whose outcome is final."""
+        m, started = metrics(), outcome.started_at
+        if envelope.sent_at:
+            m.queue_wait.labels(outcome.queue).observe(max(0.0, started - envelope.sent_at))
+        if outcome.attempts > 1:
+            m.redeliveries.labels(outcome.queue).inc()
+        m.calls.labels(envelope.tool, "error" if outcome.is_error else "ok").inc()
+        m.call_seconds.labels(envelope.tool).observe(time.time() - started)
 
     def run_ahead(
-        self, envelope: CallEnvelope, claim: tuple[str, int, str, str, int, float]
-    ) -> Begin | tuple[Begin, ToolResult]:
-        """Run a read while its claim is on the way; the verdict, with the result when it
-        ran. A claim that could not be sent, or whose answer was lost, is sent again (the
-        same claim gets the same answer)."""
+        self, envelope: CallEnvelope, claim: tuple[str, int, str, str, int, float], queue: str
+    ) -> CallOutcome | tuple[Begin, ToolResult]:
+        """Run a read, then claim it with its outcome: the outcome when that recorded it
+        (one round trip), else the claim's verdict and the result. Unclaimed meanwhile,
+        the call is held (the heartbeat says so). Redis away: the claim alone is waited
+        for, and the outcome recorded after it as for any call."""
+        version, started = self.config_version, time.time()
+        key, running = call_key(*claim[:3]), Unclaimed(claim, started)
+        with self._unclaimed_lock:
+            self.unclaimed[key] = running
         try:
-            verdict = self.ledger.begin_sent(*claim)
+            result = self.traced(envelope)
+        finally:
+            with self._unclaimed_lock:
+                self.unclaimed.pop(key, None)
+        if running.verdict is not None:  # it ran long, and was claimed meanwhile
+            return running.verdict.result(), result
+        outcome = self.outcome(envelope, result, queue, 1, started)
+        try:
+            begun = self.ledger.begin_finish(
+                *claim, version, envelope.reply_to, outcome.model_dump_json()
+            )
         except redis.RedisError as exc:
             if not outage.redis_down(exc):
                 raise
-            return self.outcomes.begin(*claim)
-        try:
-            ahead = self.traced(envelope)
-        finally:
-            try:  # read even if the tool raised: the connection goes back
-                begun = verdict()
-            except redis.RedisError as exc:
-                if not outage.redis_down(exc):
-                    raise
-                begun = self.outcomes.begin(*claim)
-        return begun, ahead
+            begun = self.outcomes.begin(*claim)
+        if begun.verdict == "recorded":
+            self.count(envelope, outcome)
+            return outcome
+        return begun, result
+
+    def claim_long_reads(self) -> None:
+        """Claim each read still running unclaimed after `read_claim_after_s`: from then
+        on the ledger says who runs it, as for any call (the watchdog sees it running),
+        and its outcome is recorded on its own when it ends."""
+        after = self.settings.read_claim_after_s
+        while not self.outcomes.stopped.wait(after / 2):
+            now = time.time()
+            with self._unclaimed_lock:
+                due = [
+                    u
+                    for u in self.unclaimed.values()
+                    if u.verdict is None and now - u.since >= after
+                ]
+                for u in due:
+                    u.verdict = Future()
+            for u in due:
+                assert u.verdict is not None
+                try:  # waits for a Redis that is away, as any claim does
+                    u.verdict.set_result(self.outcomes.begin(*u.claim))
+                except BaseException as exc:
+                    u.verdict.set_exception(exc)
 
     def is_read(self, envelope: CallEnvelope) -> bool:
         tool = self.registry.declared(envelope.tool)
@@ -385,7 +441,7 @@ def runtime_for_process(
     return _runtime
 
 
-CONNECTIONS_PER_CALL = 2  # a read's claim, read after it ran, and the tool's own use
+CONNECTIONS_PER_CALL = 2  # a call's claim and outcome, and the tool's own use
 SPARE_CONNECTIONS = 8  # the process's threads: sessions, sandboxes, the spool
 CONNECTION_WAIT_S = 10.0  # then the wait is an outage: retried, never a lost call
 

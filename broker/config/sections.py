@@ -459,6 +459,11 @@ class Workers(BaseModel):
         "direct",
         description="direct: N processes that each take their own calls (no hand-over)",
     )
+    read_claim_after_s: float = Field(
+        0.2,
+        gt=0,
+        description="a read runs before its claim; one still running after this is claimed",
+    )
     task_events: bool = Field(
         False, description="Celery task events for Flower; measured at ~4 ms a call (make bench)"
     )

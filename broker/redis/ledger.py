@@ -7,8 +7,12 @@ pushed to the waiting orchestrator in one atomic step. `begin` also reads the ca
 cancel flags, so a call revoked while it waited is refused without a round trip of its own,
 and the live configuration's version, so a worker sees a change applied before the call
 without a round trip of its own either.
-`begin_sent` sends the same `begin` and reads its answer later, so a call that is harmless
-to run twice (a read) runs while its claim is on the way.
+A call that is harmless to run twice (a read) runs first and is claimed with its outcome:
+`begin_finish` is `begin` and, when that claim is the call's first and nothing revoked it
+or changed the configuration it ran under, `finish` too, in one round trip. A read runs
+unclaimed meanwhile: its process's heartbeat lists it as held, and a taker that died
+before any claim is counted as a delivery (`lost`), so a read that kills its runner is
+still given up after `max_deliveries`.
 
 A `begin` sent again with the same claim (its reply was lost to a dropped connection) gets
 the same answer. A call whose earlier run began and never recorded an outcome is said to
@@ -19,16 +23,16 @@ A missing heartbeat is not taken for a dead owner until Redis has been up for
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
-from redis.exceptions import NoScriptError
 
 from broker import keys
 
-BEGIN = """
+# KEYS: the call, the job's cancel flag, the call's, the configuration's version;
+# ARGV: owner, max deliveries, TTL, when it started, the presence prefix, trust after
+CLAIM = """
 local cfg = redis.call('GET', KEYS[4]) or '0'
 local st = redis.call('HGET', KEYS[1], 'status')
 if st == 'done' then return {'done', redis.call('HGET', KEYS[1], 'outcome'), '', '', cfg} end
@@ -49,14 +53,45 @@ if st == 'running' then
   again = 'ran'
 elseif st == 'released' then
   again = 'ran'
+elseif st == 'lost' then
+  again = 'lost'  -- its taker died before claiming it: a read may have run, nothing else
 end
 local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 if n > tonumber(ARGV[2]) then return {'exhausted', tostring(n - 1), '', '', cfg} end
 redis.call('HSET', KEYS[1], 'status', 'running', 'proc', ARGV[1], 'started_at', ARGV[4])
 local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
+"""
+BEGIN = CLAIM + "return {'run', tostring(n), cancelled, again, cfg}"
+
+# CLAIM, then, for a first claim nothing revoked whose configuration (ARGV[7]) is still in
+# force, FINISH's record and push of the outcome (ARGV[8]) to KEYS[5]
+BEGIN_FINISH = (
+    CLAIM
+    + """
+if n == 1 and again == '' and cancelled == '' and cfg == ARGV[7] then
+  redis.call('HSET', KEYS[1], 'status', 'done', 'outcome', ARGV[8])
+  redis.call('LPUSH', KEYS[5], ARGV[8])
+  redis.call('EXPIRE', KEYS[5], ARGV[3])
+  return {'recorded', '1', '', '', cfg}
+end
 return {'run', tostring(n), cancelled, again, cfg}
 """
+)
+
+# KEYS: the call; ARGV: the TTL. A delivery taken from the queue by a process that died
+# before claiming it: counted, as a claimed one that died would be (a read runs before its
+# claim, and may be what killed it). 0 when the call is running or done meanwhile.
+LOST = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if st == 'running' or st == 'done' then return 0 end
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+if not st then redis.call('HSET', KEYS[1], 'status', 'lost') end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+UNCLAIMED = (None, b"lost", b"released")  # statuses of a call nobody is running
 
 # KEYS: the call; ARGV: its owner, when it started. A live process that no longer holds
 # the call it began (its heartbeat lists what it holds) lets it go: the next delivery runs.
@@ -79,13 +114,13 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 
-Verdict = Literal["run", "done", "busy", "exhausted"]
+Verdict = Literal["run", "done", "busy", "exhausted", "recorded"]
 
 
 @dataclass(frozen=True)
 class Begin:
     verdict: Verdict
-    detail: str  # attempt number, stored outcome JSON, or the busy owner
+    detail: str  # attempt number, stored outcome JSON, or the busy owner ("recorded": 1)
     cancelled: str = ""  # with "run": why the call must not run (its job or it was revoked)
     again: bool = False  # with "run": an earlier run began and never recorded an outcome
     config_version: int = -1  # the live configuration's version as it was claimed (-1: unread)
@@ -107,6 +142,7 @@ class Ledger:
         self.trust_after_s = trust_after_s  # Redis up this long: a lapsed heartbeat is death
         self._begin = client.register_script(BEGIN)
         self._finish = client.register_script(FINISH)
+        self._begin_finish = client.register_script(BEGIN_FINISH)
 
     def begin(
         self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
@@ -114,30 +150,26 @@ class Ledger:
         names, args = self._begin_args(job_id, turn, call_id, proc_id, max_deliveries, now)
         return _verdict(self._begin(keys=names, args=args))
 
-    def begin_sent(
-        self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
-    ) -> Callable[[], Begin]:
-        """Send `begin` now; the returned function reads its verdict. The call is claimed
-        (running, by this process) from the moment Redis runs it, as with `begin`."""
+    def begin_finish(
+        self,
+        job_id: str,
+        turn: int,
+        call_id: str,
+        proc_id: str,
+        max_deliveries: int,
+        now: float,
+        config_version: int,
+        reply_to: str,
+        outcome_json: str,
+    ) -> Begin:
+        """Claim a call that already ran, and record and push its outcome if the claim is
+        its first, unrevoked, under `config_version` (verdict "recorded"); otherwise the
+        verdict `begin` gives, the call claimed as `begin` claims it."""
         names, args = self._begin_args(job_id, turn, call_id, proc_id, max_deliveries, now)
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_command("EVALSHA", self._begin.sha, len(names), *names, *args)  # type: ignore[no-untyped-call]
-        except BaseException:
-            pool.release(conn)
-            raise
-
-        def verdict() -> Begin:
-            try:
-                found = conn.read_response()
-            except NoScriptError:  # not loaded (a new or flushed Redis): nothing ran yet
-                return self.begin(job_id, turn, call_id, proc_id, max_deliveries, now)
-            finally:
-                pool.release(conn)
-            return _verdict(found)
-
-        return verdict
+        found = self._begin_finish(
+            keys=[*names, reply_to], args=[*args, str(config_version), outcome_json]
+        )
+        return _verdict(found)
 
     def finish(
         self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str

@@ -131,7 +131,8 @@ class Dispatcher(CallWatchdog):
         push: Callable[[Any, str, str], None] | None = None,
     ) -> Any:
         pending.raw = self.publisher.message(queue=pending.queue, **self._options(pending.envelope))
-        pending.looked_at = time.monotonic()
+        # a call sent again waits for a worker anew (schedule_to_start_timeout_s)
+        pending.sent_at = pending.looked_at = time.monotonic()
         return await self.publisher.push(pending.queue, pending.raw, prelude, push)
 
     async def existing(self, e: CallEnvelope) -> CallOutcome | bool | None:

@@ -54,6 +54,10 @@ class Pending:
     sent_at: float = field(default_factory=time.monotonic)
     looked_at: float = 0.0  # last time it was looked for in its queue
     told_waiting: bool = False  # tool_call_waiting was emitted
+    # when last looked for: gone from its queue and held by a live process (taken, and a
+    # read may run before its claim), or not; None: not looked for yet
+    held: bool | None = None
+    unheld: bool = False  # found gone and held by nobody once: lost if found so again
 
 
 def call_field(e: CallEnvelope) -> str:

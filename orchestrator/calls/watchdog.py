@@ -16,7 +16,7 @@ from broker.config.settings import Settings
 from broker.protocol import CallOutcome, Event
 from broker.redis import events
 from broker.redis.connections import retry_pause
-from broker.redis.ledger import RELEASE
+from broker.redis.ledger import LOST, RELEASE, UNCLAIMED
 from broker.redis.presence import stale
 from orchestrator.calls.pending import Pending, call_field, cancelled_outcome, session_lost
 
@@ -56,11 +56,14 @@ class CallWatchdog:
         """Calls no worker has started. After `call_waiting_after_s` a `tool_call_waiting`
         event names the queue (and `clawq status` lists the call); after
         `schedule_to_start_timeout_s` the model is answered with an error and the message
-        left in the queue is cancelled, so a worker that comes later skips it."""
+        left in the queue is cancelled, so a worker that comes later skips it. A call a
+        live process holds is taken, claimed or not (a read runs before its claim)."""
         s, now = self.settings, time.monotonic()
         for p in items:
             e, waited = p.envelope, now - p.sent_at
-            if p.future.done():
+            if p.future.done() or p.held:
+                continue
+            if p.held is None and not p.pinned:  # not looked for in its queue yet
                 continue
             if waited >= s.schedule_to_start_timeout_s:
                 reason = (
@@ -94,6 +97,8 @@ class CallWatchdog:
                 await self._sweep()
             except aioredis.RedisError as exc:
                 await retry_pause(exc, "watchdog sweep", 0)
+            except Exception:  # a bug in one sweep must not end the watching of every call
+                log.exception("watchdog sweep failed; the next one runs as usual")
 
     async def _sweep(self) -> None:
         # a call younger than one interval is looked at in the next sweep: thousands of
@@ -116,7 +121,7 @@ class CallWatchdog:
         for status, _, outcome, _ in states:
             if status == b"done" and outcome:  # recorded, but the push was lost
                 self._resolve(CallOutcome.model_validate_json(outcome))
-        waiting = [p for p, (status, *_) in zip(items, states, strict=True) if status is None]
+        waiting = [p for p, (status, *_) in zip(items, states, strict=True) if status in UNCLAIMED]
         self._trust = None
         await self._not_begun(waiting)
         await self._not_taken(waiting)
@@ -191,7 +196,7 @@ class CallWatchdog:
     async def _not_begun(self, items: list[Pending]) -> None:
         """Calls no worker began: a pinned one whose process is gone is answered "session
         lost"; one gone from its queue that no live process holds (its taker died before
-        beginning it) is sent again."""
+        claiming it) is counted as a delivery and sent again."""
         s, now = self.settings, time.monotonic()
         pinned = [p for p in items if p.pinned and not p.future.done()]
         if pinned and await self._trusted():
@@ -211,26 +216,48 @@ class CallWatchdog:
         ]
         if not due:
             return
+        queues = sorted({p.queue for p in due})
         async with self.redis.pipeline(transaction=False) as pipe:
             for p in due:
                 p.looked_at = now + LOOK_AGAIN_S - max(2 * s.heartbeat_interval_s, 1.0)
                 pipe.lpos(p.queue, p.raw, rank=-1, maxlen=QUEUE_SCAN)
+            for queue in queues:
+                pipe.llen(queue)
             found = await pipe.execute()
-        gone = [p for p, at in zip(due, found, strict=True) if at is None]
+        # a queue longer than the scan may hold it beyond what was read: not known gone
+        deep = {q for q, n in zip(queues, found[len(due) :], strict=True) if n > QUEUE_SCAN}
+        positions = found[: len(due)]
+        gone = [
+            p for p, at in zip(due, positions, strict=True) if at is None and p.queue not in deep
+        ]
+        for p in due:
+            p.held = False
         if not gone:
             return
         held = await self.held_calls()
+        for p in gone:
+            p.held = call_field(p.envelope) in held
+        # held by nobody, twice: a process that took it just now is listed by its next beat
+        lost = [p for p in gone if not p.held and not p.future.done() and p.unheld]
+        for p in gone:
+            if not p.held and not p.unheld:
+                p.unheld, p.looked_at = True, now  # looked at again after two beats
+            elif p.held:
+                p.unheld = False
+        if not lost:
+            return
         async with self.redis.pipeline(transaction=False) as pipe:
-            for p in gone:
+            for p in lost:  # its delivery counts: a read it ran may be what killed it
                 e = p.envelope
-                pipe.hget(keys.call(e.job_id, e.turn, e.call_id), "status")
-            statuses = await pipe.execute()
-        for p, status in zip(gone, statuses, strict=True):
+                pipe.eval(LOST, 1, keys.call(e.job_id, e.turn, e.call_id), s.ledger_ttl_s)
+            marked = await pipe.execute()
+        for p, counted in zip(lost, marked, strict=True):
             e = p.envelope
-            if status is not None or call_field(e) in held or p.future.done():
-                continue  # begun meanwhile, or a live process has it
+            p.unheld = False
+            if not counted:
+                continue  # begun meanwhile
             log.warning(
-                "call %s: taken from %s and never begun; sending it again", e.call_id, p.queue
+                "call %s: taken from %s and never claimed; sending it again", e.call_id, p.queue
             )
             e.resent = True
             await self._send(p)

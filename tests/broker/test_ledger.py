@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from broker import keys
-from broker.redis.ledger import Ledger
+from broker.redis.ledger import LOST, Ledger
 from tests.conftest import Isolated
 
 
@@ -50,33 +50,70 @@ def test_begin_reads_the_cancel_flags_of_the_job_and_of_the_call(client: redis.R
     assert (revoked.verdict, revoked.cancelled) == ("run", "job cancelled")
 
 
-def test_a_begin_sent_ahead_claims_the_call_before_its_verdict_is_read(
-    client: redis.Redis,
-) -> None:
-    """What runs meanwhile runs as the call's claimed runner: a death then is seen as one."""
+def test_a_read_that_ran_is_claimed_and_recorded_in_one_step(client: redis.Redis) -> None:
+    """`begin_finish`: the claim of a call that already ran, with its outcome recorded and
+    pushed, when the claim is its first, unrevoked, under the configuration it ran under."""
     ledger = Ledger(client, ttl_s=60)
-    client.set(keys.proc("w1"), "{}")
-    ledger.begin("job", 0, "c0", "w1", 3, 1.0)  # the script is loaded
-    verdict = ledger.begin_sent("job", 0, "c1", "w1", 3, 1.0)
-    call = keys.call("job", 0, "c1")
-    for _ in range(100):  # Redis runs it on its own, whether or not anyone reads the answer
-        if client.hget(call, "status") == b"running":
-            break
-    assert client.hmget(call, ["status", "proc", "attempts"]) == [b"running", b"w1", b"1"]
-    begun = verdict()
-    assert (begun.verdict, begun.detail) == ("run", "1")
-    client.set(keys.cancel("job"), "stop")
-    assert ledger.begin_sent("job", 0, "c2", "w1", 3, 2.0)().cancelled == "stop"
+    client.set(keys.version(keys.CONFIG_TOPIC), 4)
+    begun = ledger.begin_finish("job", 0, "c1", "w1", 3, 1.0, 4, "reply", '{"x": 1}')
+    assert (begun.verdict, begun.detail) == ("recorded", "1")
+    assert client.hmget(keys.call("job", 0, "c1"), ["status", "outcome", "attempts"]) == [
+        b"done",
+        b'{"x": 1}',
+        b"1",
+    ]
+    assert client.lrange("reply", 0, -1) == [b'{"x": 1}']
+    assert 0 < client.ttl("reply") <= 60
+    # asked again (its reply was lost): the recorded outcome, nothing pushed twice
+    again = ledger.begin_finish("job", 0, "c1", "w1", 3, 1.0, 4, "reply", '{"x": 2}')
+    assert (again.verdict, again.detail) == ("done", '{"x": 1}')
+    assert client.llen("reply") == 1
 
 
-def test_a_begin_sent_to_a_redis_without_the_script_still_claims_once(
+def test_a_read_ahead_is_only_claimed_when_its_result_cannot_stand(client: redis.Redis) -> None:
+    """Revoked, run under another configuration, or running elsewhere: claimed as `begin`
+    claims (or not at all when busy), nothing recorded, nothing pushed."""
+    ledger = Ledger(client, ttl_s=60)
+    client.set(keys.version(keys.CONFIG_TOPIC), 5)
+    moved = ledger.begin_finish("job", 0, "c1", "w1", 3, 1.0, 4, "reply", "{}")
+    assert (moved.verdict, moved.detail, moved.config_version) == ("run", "1", 5)
+    assert client.hget(keys.call("job", 0, "c1"), "status") == b"running"
+    client.set(keys.cancel_call("job", 0, "c2"), "stopped")
+    revoked = ledger.begin_finish("job", 0, "c2", "w1", 3, 1.0, 5, "reply", "{}")
+    assert (revoked.verdict, revoked.cancelled) == ("run", "stopped")
+    client.set(keys.proc("w2"), "{}")
+    ledger.begin("job", 0, "c3", "w2", 3, 1.0)
+    busy = ledger.begin_finish("job", 0, "c3", "w1", 3, 2.0, 5, "reply", "{}")
+    assert (busy.verdict, busy.detail) == ("busy", "w2")
+    assert client.llen("reply") == 0
+
+
+def test_a_read_ahead_to_a_redis_without_the_script_still_records_once(
     client: redis.Redis,
 ) -> None:
     client.script_flush()
     ledger = Ledger(client, ttl_s=60)
-    begun = ledger.begin_sent("job", 0, "c", "w1", 3, 1.0)()
-    assert (begun.verdict, begun.detail) == ("run", "1")
+    begun = ledger.begin_finish("job", 0, "c", "w1", 3, 1.0, 0, "reply", "{}")
+    assert begun.verdict == "recorded"
     assert client.hget(keys.call("job", 0, "c"), "attempts") == b"1"  # not twice
+    assert client.llen("reply") == 1
+
+
+def test_a_delivery_lost_before_its_claim_counts_toward_the_cap(client: redis.Redis) -> None:
+    """LOST: its taker died before claiming it. The next claim is its second delivery, a
+    read that kills each runner is given up at the cap, and a write (never run unclaimed)
+    is not said to have run."""
+    ledger = Ledger(client, ttl_s=60)
+    call = keys.call("job", 0, "c")
+    assert client.eval(LOST, 1, call, 60) == 1
+    begun = ledger.begin("job", 0, "c", "w1", 3, 1.0)
+    assert (begun.verdict, begun.detail, begun.again) == ("run", "2", False)
+    assert client.eval(LOST, 1, call, 60) == 0  # running (w1 took it): not lost
+    assert client.eval(LOST, 1, keys.call("job", 0, "d"), 60) == 1
+    assert client.eval(LOST, 1, keys.call("job", 0, "d"), 60) == 1  # lost again
+    assert ledger.begin("job", 0, "d", "w1", 2, 1.0).verdict == "exhausted"
+    ledger.finish("job", 0, "c", "reply", "{}")
+    assert client.eval(LOST, 1, call, 60) == 0  # done: not lost
 
 
 def test_the_same_claim_sent_again_gets_the_same_answer(client: redis.Redis) -> None:

@@ -10,11 +10,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from broker import keys
+from broker.config.settings import Settings
 from broker.protocol import CallContext, CallEnvelope, CallOutcome
 from broker.redis.presence import live_processes
 from orchestrator.calls.dispatch import running_dispatcher
@@ -50,9 +53,18 @@ def pids(iso: Isolated) -> set[int]:
         return {int(p["pid"]) for p in live_processes(client) if p.get("queue") == "fs"}
 
 
-def call(iso: Isolated, call_id: str, timeout_s: float, **input_: Any) -> CallOutcome:
+def call(
+    iso: Isolated,
+    call_id: str,
+    timeout_s: float,
+    settings: Settings | None = None,
+    **input_: Any,
+) -> CallOutcome:
+    """One `stall` call through a dispatcher and its watchdog (`settings`: the
+    dispatcher's, when not the worker's)."""
+
     async def go() -> CallOutcome:
-        async with running_dispatcher(iso.settings, f"test-{call_id}") as dispatcher:
+        async with running_dispatcher(settings or iso.settings, f"test-{call_id}") as dispatcher:
             watchdog = asyncio.create_task(dispatcher.watchdog())  # resends a killed call
             try:
                 envelope = CallEnvelope(
@@ -100,16 +112,38 @@ def test_the_soft_limit_stops_the_call_and_the_process_goes_on(
 
 
 def test_the_hard_limit_kills_the_process_and_another_takes_its_place(
-    worker: tuple[Isolated, Any],
+    worker: tuple[Isolated, Any], tmp_path: Path
 ) -> None:
     iso, _ = worker
     before = pids(iso)
-    # swallows the soft limit: killed at the hard limit (2.5 s), sent again, killed again
-    outcome = call(iso, "hard", 0.5, seconds=30, ignore_soft_limit=True)
+    # swallows the soft limit: killed at the hard limit (2.5 s), sent again, killed again;
+    # the first delivery, a read, ran before any claim: its death counts all the same
+    runs = tmp_path / "runs"
+    outcome = call(iso, "hard", 0.5, seconds=30, ignore_soft_limit=True, runs=str(runs))
     assert outcome.is_error and "died 2 times" in outcome.for_llm, outcome.for_llm
+    assert len(runs.read_text().split()) == 2  # max_deliveries, not one more
     now = wait_until(lambda: (found := pids(iso)) and len(found) == 2 and found, what="two again")
     assert len(before - now) >= 1  # the killed processes were replaced by new ones
     assert call(iso, "after-hard", 5, seconds=0).for_llm == "slept"
+
+
+def test_a_read_running_before_its_claim_is_taken_not_waiting(
+    worker: tuple[Isolated, Any],
+) -> None:
+    """A read runs first and is claimed with its outcome. Running longer than the waits
+    for a worker, it is still held by a live process: neither announced as waiting nor
+    answered as never taken."""
+    iso, _ = worker
+    impatient = iso.settings.model_copy(
+        update={"call_waiting_after_s": 1.0, "schedule_to_start_timeout_s": 2.0}
+    )
+    outcome = call(iso, "long-read", 10, impatient, seconds=4)
+    assert (outcome.for_llm, outcome.is_error, outcome.attempts) == ("slept", False, 1)
+    with redis.Redis.from_url(iso.redis_url) as client:
+        assert client.hlen(keys.CALLS_WAITING) == 0
+        assert not any(
+            b"tool_call_waiting" in fields[b"e"] for _, fields in client.xrange(keys.events("j"))
+        )
 
 
 def test_a_killed_process_is_replaced_and_a_stop_ends_them_all(

@@ -105,6 +105,28 @@ def test_a_call_its_live_owner_dropped_is_released_and_sent_again(isolated: Isol
     run(isolated, body)
 
 
+def test_a_call_sent_again_waits_for_a_worker_anew(isolated: Isolated) -> None:
+    """Released after a long run and sent again, it is a call waiting in its queue from
+    its new sending, not one that waited past the schedule-to-start timeout."""
+
+    async def body(dispatcher: Dispatcher) -> None:
+        r = dispatcher.redis
+        p = await sent(dispatcher, "long")
+        p.sent_at -= 2 * isolated.settings.schedule_to_start_timeout_s  # it ran that long
+        await begun(r, "long", "w1", time.time() - 1)
+        await r.delete("runtime")
+        await beat(r, "w1", calls=[], at=time.time())  # dropped by its live owner
+        await dispatcher._sweep()
+        assert [m["call_id"] for m in await messages(r, "runtime")] == ["long"]
+        await asyncio.sleep(INTERVAL + 0.05)
+        p.looked_at = 0
+        await dispatcher._sweep()  # released: unclaimed, and found in its queue
+        assert p.held is False and not p.future.done()
+        assert await r.hget(keys.call("j", 0, "long"), "status") == b"released"
+
+    run(isolated, body)
+
+
 def test_a_call_its_live_owner_holds_is_left_alone(isolated: Isolated) -> None:
     async def body(dispatcher: Dispatcher) -> None:
         r = dispatcher.redis
@@ -160,8 +182,10 @@ def test_no_call_is_sent_again_while_redis_has_just_come_back(isolated: Isolated
 
 
 def test_a_call_taken_and_never_begun_is_sent_again(isolated: Isolated) -> None:
-    """Its taker died between taking it off the queue and beginning it: it is in no
-    queue, in no ledger entry and in no heartbeat."""
+    """Its taker died between taking it off the queue and claiming it: it is in no
+    queue, in no ledger entry and in no heartbeat, at two looks a heartbeat apart (a
+    process that took it just now is listed by its next beat). Sent again, and counted
+    as a delivery (a read runs before its claim, and may be what killed its taker)."""
 
     async def body(dispatcher: Dispatcher) -> None:
         r = dispatcher.redis
@@ -169,8 +193,14 @@ def test_a_call_taken_and_never_begun_is_sent_again(isolated: Isolated) -> None:
         await r.delete("runtime")  # taken by a worker that died at once
         p.looked_at = 0
         await dispatcher._sweep()
+        assert await messages(r, "runtime") == []  # once: maybe just taken
+        assert p.looked_at > 0
+        p.looked_at = 0
+        await dispatcher._sweep()
         (again,) = await messages(r, "runtime")
         assert again["call_id"] == "taken" and again["resent"] is True
+        ledger = await r.hmget(keys.call("j", 0, "taken"), ["status", "attempts"])
+        assert ledger == [b"lost", b"1"]
         p2 = await sent(dispatcher, "queued")  # still in its queue: waits for a worker
         p2.looked_at = 0
         await dispatcher._sweep()

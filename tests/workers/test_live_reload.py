@@ -69,7 +69,7 @@ def test_a_change_applied_before_a_call_is_in_force_for_it(
 def test_a_read_that_reaches_the_network_waits_for_the_configuration_in_force(
     isolated: Isolated, tmp_path: Path
 ) -> None:
-    """A read runs while its claim is on its way, but the claim brings the configuration's
+    """A read runs before its claim, but the claim brings the configuration's
     version: a web_fetch waits for it, so a site taken off the allowed list before the call
     was sent is never contacted (no change notice is sent here: only the claim can tell)."""
     page = Reply(200, b"<html><body><p>the page</p></body></html>", "text/html")

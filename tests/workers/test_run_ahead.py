@@ -1,4 +1,4 @@
-"""A read's first delivery runs while its claim is on the way to the ledger; everything
+"""A read's first delivery runs before its claim, which goes with its outcome; everything
 else runs only after the ledger's verdict. On a real Redis, in a worker's runtime."""
 
 from __future__ import annotations
@@ -47,11 +47,20 @@ class CountedWrite(CountedRead):
         return ToolResult(for_llm="fresh")
 
 
+class SlowRead(CountedRead):
+    name = "slow_read"
+
+    def run(self, args: CountInput, ctx: ToolContext) -> ToolResult:
+        time.sleep(1.0)
+        return ToolResult(for_llm="slow")
+
+
 @pytest.fixture
 def runtime(isolated: Isolated, tmp_path: Path) -> Iterator[WorkerRuntime]:
     global RUNS
     RUNS = tmp_path
-    rt = WorkerRuntime.start(isolated.settings, Registry([CountedRead, CountedWrite]), "fs", "n")
+    tools = Registry([CountedRead, CountedWrite, SlowRead])
+    rt = WorkerRuntime.start(isolated.settings, tools, "fs", "n")
     yield rt
     rt.stop()
 
@@ -148,3 +157,30 @@ def test_the_heartbeat_lists_the_calls_this_process_holds(runtime: WorkerRuntime
     runtime.heartbeat.beat()
     beat = json.loads(runtime.redis.get(keys.proc(runtime.proc_id)) or b"{}")
     assert beat["calls"] == [key]  # the finished call is no longer held
+
+
+def test_a_read_claimed_with_its_outcome_or_while_it_runs_long(runtime: WorkerRuntime) -> None:
+    """A quick read is claimed and recorded in one step, its first claim. One still running
+    after `read_claim_after_s` (0.2 s) is claimed while it runs, as the watchdog must see
+    it, and recorded when it ends: one reply each, one attempt each."""
+    import threading
+
+    quick = runtime.run_call(envelope("counted_read", "q"))
+    assert quick is not None and quick.attempts == 1
+    assert runtime.redis.hmget(keys.call("j", 0, "q"), ["status", "attempts"]) == [b"done", b"1"]
+    found: list[CallOutcome | None] = []
+    slow = threading.Thread(
+        target=lambda: found.append(runtime.run_call(envelope("slow_read", "s")))
+    )
+    slow.start()
+    call = keys.call("j", 0, "s")
+    seen = []
+    while slow.is_alive():
+        seen.append(runtime.redis.hmget(call, ["status", "proc"]))
+        time.sleep(0.05)
+    slow.join()
+    assert [b"running", runtime.proc_id.encode()] in seen  # claimed while it ran
+    assert seen[0] == [None, None]  # and not before
+    assert found[0] is not None and (found[0].for_llm, found[0].attempts) == ("slow", 1)
+    assert runtime.redis.hmget(call, ["status", "attempts"]) == [b"done", b"1"]
+    assert replies(runtime.redis) == ["slow", "fresh"]  # pushed to the head
