@@ -12,7 +12,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +29,7 @@ from broker.redis.ledger import Begin, Ledger
 from broker.redis.presence import Heartbeat, process_id
 from workers.confine import host as confine
 from workers.confine.sandbox import Sandbox
-from workers.outcomes import Outcomes, call_key
+from workers.outcomes import Claim, Outcomes, call_key
 from workers.registry import Registry
 from workers.scrub import Scrubber, scrub_logs, secrets_of
 from workers.tool import SideEffect, ToolContext, ToolError, ToolResult
@@ -42,16 +41,6 @@ RAN_AGAIN = (
     "[ran again after its worker died; its first run may have taken effect: check before "
     "repeating it]\n"
 )
-
-
-@dataclass
-class Unclaimed:
-    """A read running before its claim. Claimed by `claim_long_reads` once it has run
-    `read_claim_after_s` (`verdict`: that claim's answer, on its way)."""
-
-    claim: tuple[str, int, str, str, int, float]
-    since: float
-    verdict: Future[Begin] | None = None
 
 
 @dataclass
@@ -71,8 +60,6 @@ class WorkerRuntime(Upkeep):
     base_settings: Settings | None = None  # the environment's, under the live configuration
     config_version: int = -1  # the live configuration's change counter when last loaded
     held: dict[str, float] = field(default_factory=dict)  # calls taken here, not yet recorded
-    unclaimed: dict[str, Unclaimed] = field(default_factory=dict)  # reads running unclaimed
-    _unclaimed_lock: threading.Lock = field(default_factory=threading.Lock)
     _store: Store | None = None
     _celery: Celery | None = None
     _reloading: threading.Lock = field(default_factory=threading.Lock)
@@ -120,7 +107,12 @@ class WorkerRuntime(Upkeep):
         # moments, and each call's claim reads its counter too (`follow_config`)
         Listener(settings.redis_url, [live_config.TOPIC], runtime.reload_settings).start()
         runtime.reload_settings()  # what was applied before this process began
-        threading.Thread(target=runtime.claim_long_reads, name="clawq-claims", daemon=True).start()
+        threading.Thread(
+            target=outcomes.claim_long_reads,
+            args=(settings.read_claim_after_s,),
+            name="clawq-claims",
+            daemon=True,
+        ).start()
         if "runtime" in queues:
             threading.Thread(
                 target=runtime.end_sessions, name="clawq-sessions", daemon=True
@@ -157,7 +149,7 @@ class WorkerRuntime(Upkeep):
         runner died: it may be what kills them), runs only once the ledger has said it
         may. Redis away at any step is waited for: the claim, the answer, the outcome."""
         queue = queue or self.queue
-        claim = (
+        claim: Claim = (
             envelope.job_id,
             envelope.turn,
             envelope.call_id,
@@ -197,7 +189,7 @@ class WorkerRuntime(Upkeep):
             if begun.again and not self.is_read(envelope) and not begun.cancelled:
                 result = result.model_copy(update={"for_llm": RAN_AGAIN + result.for_llm})
         outcome = self.outcome(envelope, result, queue, attempts, started)
-        self.count(envelope, outcome)
+        count(envelope, outcome)
         self.outcomes.record(
             envelope.job_id,
             envelope.turn,
@@ -225,69 +217,24 @@ class WorkerRuntime(Upkeep):
             started_at=started,
         )
 
-    def count(self, envelope: CallEnvelope, outcome: CallOutcome) -> None:
-        """The metrics of a call whose outcome is final."""
-        m, started = metrics(), outcome.started_at
-        if envelope.sent_at:
-            m.queue_wait.labels(outcome.queue).observe(max(0.0, started - envelope.sent_at))
-        if outcome.attempts > 1:
-            m.redeliveries.labels(outcome.queue).inc()
-        m.calls.labels(envelope.tool, "error" if outcome.is_error else "ok").inc()
-        m.call_seconds.labels(envelope.tool).observe(time.time() - started)
-
     def run_ahead(
-        self, envelope: CallEnvelope, claim: tuple[str, int, str, str, int, float], queue: str
+        self, envelope: CallEnvelope, claim: Claim, queue: str
     ) -> CallOutcome | tuple[Begin, ToolResult]:
         """Run a read, then claim it with its outcome: the outcome when that recorded it
-        (one round trip), else the claim's verdict and the result. Unclaimed meanwhile,
-        the call is held (the heartbeat says so). Redis away: the claim alone is waited
-        for, and the outcome recorded after it as for any call."""
+        (one round trip), else the claim's verdict and the result."""
         version, started = self.config_version, time.time()
-        key, running = call_key(*claim[:3]), Unclaimed(claim, started)
-        with self._unclaimed_lock:
-            self.unclaimed[key] = running
-        try:
+        with self.outcomes.running_unclaimed(claim) as running:
             result = self.traced(envelope)
-        finally:
-            with self._unclaimed_lock:
-                self.unclaimed.pop(key, None)
         if running.verdict is not None:  # it ran long, and was claimed meanwhile
             return running.verdict.result(), result
         outcome = self.outcome(envelope, result, queue, 1, started)
-        try:
-            begun = self.ledger.begin_finish(
-                *claim, version, envelope.reply_to, outcome.model_dump_json()
-            )
-        except redis.RedisError as exc:
-            if not outage.redis_down(exc):
-                raise
-            begun = self.outcomes.begin(*claim)
+        begun = self.outcomes.begin_finish(
+            claim, version, envelope.reply_to, outcome.model_dump_json()
+        )
         if begun.verdict == "recorded":
-            self.count(envelope, outcome)
+            count(envelope, outcome)
             return outcome
         return begun, result
-
-    def claim_long_reads(self) -> None:
-        """Claim each read still running unclaimed after `read_claim_after_s`: from then
-        on the ledger says who runs it, as for any call (the watchdog sees it running),
-        and its outcome is recorded on its own when it ends."""
-        after = self.settings.read_claim_after_s
-        while not self.outcomes.stopped.wait(after / 2):
-            now = time.time()
-            with self._unclaimed_lock:
-                due = [
-                    u
-                    for u in self.unclaimed.values()
-                    if u.verdict is None and now - u.since >= after
-                ]
-                for u in due:
-                    u.verdict = Future()
-            for u in due:
-                assert u.verdict is not None
-                try:  # waits for a Redis that is away, as any claim does
-                    u.verdict.set_result(self.outcomes.begin(*u.claim))
-                except BaseException as exc:
-                    u.verdict.set_exception(exc)
 
     def is_read(self, envelope: CallEnvelope) -> bool:
         tool = self.registry.declared(envelope.tool)
@@ -346,7 +293,7 @@ class WorkerRuntime(Upkeep):
             return ToolResult.error(f"{envelope.tool} expired in the queue before a worker took it")
         if revoked:
             return ToolResult.error(f"{envelope.tool} was not run: {revoked}", cancelled=True)
-        cancelled = self.cancel_check(envelope)
+        cancelled = cancel_check(self.redis, envelope)
         ctx = ToolContext(
             context=envelope.context,
             settings=self.settings,
@@ -376,27 +323,20 @@ class WorkerRuntime(Upkeep):
             self._celery = create_app(self.settings)
         return self._celery
 
-    def cancel_check(self, envelope: CallEnvelope) -> Callable[[], str | None]:
-        """Why this call must stop now (its job was cancelled, or the call itself), or None.
-        Tools poll it while they run; it is one Redis round trip."""
-        names = [
-            keys.cancel(envelope.job_id),
-            keys.cancel_call(envelope.job_id, envelope.turn, envelope.call_id),
-        ]
-
-        def cancelled() -> str | None:
-            try:
-                found = self.redis.mget(names)
-            except redis.RedisError:
-                return None
-            reason = next((r for r in found if r), None)
-            return reason.decode() if isinstance(reason, bytes) else reason
-
-        return cancelled
-
     def stop(self) -> None:
         self.outcomes.stopped.set()
         self.heartbeat.stop()
+
+
+def count(envelope: CallEnvelope, outcome: CallOutcome) -> None:
+    """The metrics of a call whose outcome is final."""
+    m, started = metrics(), outcome.started_at
+    if envelope.sent_at:
+        m.queue_wait.labels(outcome.queue).observe(max(0.0, started - envelope.sent_at))
+    if outcome.attempts > 1:
+        m.redeliveries.labels(outcome.queue).inc()
+    m.calls.labels(envelope.tool, "error" if outcome.is_error else "ok").inc()
+    m.call_seconds.labels(envelope.tool).observe(time.time() - started)
 
 
 def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:
@@ -420,6 +360,25 @@ def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) ->
             )
         log.exception("tool %s failed", name)
         return ToolResult.error(f"{name} failed: {type(exc).__name__}: {exc}")
+
+
+def cancel_check(client: redis.Redis, envelope: CallEnvelope) -> Callable[[], str | None]:
+    """Why this call must stop now (its job was cancelled, or the call itself), or None.
+    Tools poll it while they run; it is one Redis round trip."""
+    names = [
+        keys.cancel(envelope.job_id),
+        keys.cancel_call(envelope.job_id, envelope.turn, envelope.call_id),
+    ]
+
+    def cancelled() -> str | None:
+        try:
+            found = client.mget(names)
+        except redis.RedisError:
+            return None
+        reason = next((r for r in found if r), None)
+        return reason.decode() if isinstance(reason, bytes) else reason
+
+    return cancelled
 
 
 _runtime: WorkerRuntime | None = None

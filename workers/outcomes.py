@@ -10,6 +10,11 @@ as held, so no watchdog sends it again.
 
 A claim (`begin`) and a repeat's answer are retried the same way: the message was taken
 off its queue, and only this process knows of it.
+
+A read runs before its claim, which then goes with its outcome in one step
+(`begin_finish`); while it runs it is listed as `unclaimed`, and one still running after
+`read_claim_after_s` is claimed on its own (`claim_long_reads`), so the ledger says who
+runs it as for any call.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ import logging
 import os
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -33,9 +42,21 @@ log = logging.getLogger("clawq.outcomes")
 REPLAY_EVERY_S = 2.0
 
 
+Claim = tuple[str, int, str, str, int, float]  # job, turn, call, process, max deliveries, now
+
+
 def call_key(job_id: str, turn: int, call_id: str) -> str:
     """How heartbeats name a call they hold (the ledger key without its prefix)."""
     return f"{job_id}:{turn}:{call_id}"
+
+
+@dataclass
+class Unclaimed:
+    """A read running before its claim; `verdict`: its claim's answer, once it ran long."""
+
+    claim: Claim
+    since: float
+    verdict: Future[Begin] | None = None
 
 
 class Outcomes:
@@ -46,6 +67,8 @@ class Outcomes:
         self.spool = Path(spool_dir)
         self.retry_s = retry_s
         self.stopped = threading.Event()
+        self.unclaimed: dict[str, Unclaimed] = {}
+        self._unclaimed_lock = threading.Lock()
 
     def begin(
         self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
@@ -62,6 +85,51 @@ class Outcomes:
             with attempt:
                 return self.ledger.begin(*claim)
         raise AssertionError("unreachable")
+
+    def begin_finish(self, claim: Claim, version: int, reply_to: str, outcome_json: str) -> Begin:
+        """Claim a read that ran with its outcome: "recorded" when that claim was its first,
+        else the verdict. Redis away: the claim alone is waited for, and the outcome
+        recorded after it as for any call."""
+        try:
+            return self.ledger.begin_finish(*claim, version, reply_to, outcome_json)
+        except redis.RedisError as exc:
+            if not outage.redis_down(exc):
+                raise
+        return self.begin(*claim)
+
+    @contextlib.contextmanager
+    def running_unclaimed(self, claim: Claim) -> Iterator[Unclaimed]:
+        """A read runs unclaimed for the length of the block (held all along: the
+        heartbeat lists it)."""
+        key, running = call_key(*claim[:3]), Unclaimed(claim, time.time())
+        with self._unclaimed_lock:
+            self.unclaimed[key] = running
+        try:
+            yield running
+        finally:
+            with self._unclaimed_lock:
+                self.unclaimed.pop(key, None)
+
+    def claim_long_reads(self, after: float) -> None:
+        """Claim each read still running unclaimed after `after` seconds: from then on the
+        ledger says who runs it (the watchdog sees it running), and its outcome is
+        recorded on its own when it ends. Runs on its own thread until stopped."""
+        while not self.stopped.wait(after / 2):
+            now = time.time()
+            with self._unclaimed_lock:
+                due = [
+                    u
+                    for u in self.unclaimed.values()
+                    if u.verdict is None and now - u.since >= after
+                ]
+                for u in due:
+                    u.verdict = Future()
+            for u in due:
+                assert u.verdict is not None
+                try:  # waits for a Redis that is away, as any claim does
+                    u.verdict.set_result(self.begin(*u.claim))
+                except BaseException as exc:
+                    u.verdict.set_exception(exc)
 
     def push(self, reply_to: str, outcome_json: str) -> None:
         """A repeat's answer, read from the ledger, pushed to its orchestrator again."""

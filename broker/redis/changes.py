@@ -59,7 +59,7 @@ class Listener:
         while not self.stopped.is_set():
             client = redis.Redis.from_url(self.redis_url)
             try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
                 pubsub.subscribe(keys.CHANGES_CHANNEL)
                 self._catch_up(client)
                 while not self.stopped.is_set():

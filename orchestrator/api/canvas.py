@@ -117,4 +117,4 @@ async def canvas_events(session_id: Viewed, svc: Svc) -> AsyncIterator[ServerSen
             await asyncio.sleep(0)
     finally:
         await pubsub.unsubscribe()
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
