@@ -27,8 +27,9 @@ from broker.protocol import CallOutcome
 from broker.redis.batching import PassBatcher
 
 # `b` is the batch, one row per write. Every table is reached through its key (`= ANY` of
-# the batch's jobs, then the row's own key): the plan never scans a table, whatever the
-# recordset's (unknown to the planner) size.
+# the batch's jobs, and of the turns whose results it writes, then the row's own key): the
+# plan never scans a table, nor a long job's earlier calls, whatever the recordset's
+# (unknown to the planner) size.
 WRITE_BATCH = (
     "WITH b AS MATERIALIZED (SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS b("
     " session text, job text, seq int, role text, content jsonb, turn int, calls jsonb,"
@@ -48,7 +49,8 @@ WRITE_BATCH = (
     " call_id text, is_error bool, for_llm text, for_user text, metadata jsonb, queue text,"
     " worker text, attempts int, decision text, decided_by text, decision_reason text,"
     " started_at float8, finished_at float8)"
-    " WHERE t.job_id = ANY(%(jobs)s) AND t.job_id = b.job AND t.turn = b.r_turn"
+    " WHERE t.job_id = ANY(%(jobs)s) AND t.turn = ANY(%(turns)s)"
+    " AND t.job_id = b.job AND t.turn = b.r_turn"
     " AND t.call_id = o.call_id AND o.job_id = t.job_id AND o.turn = t.turn),"
     # the new message, the calls it queues, the turn count
     " m AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
@@ -76,6 +78,10 @@ class Results(NamedTuple):
     seq: int
     content: dict[str, Any]
     outcomes: list[CallOutcome]
+
+    @property
+    def turn(self) -> int:
+        return self.outcomes[0].turn if self.outcomes else 0
 
 
 class Write(NamedTuple):
@@ -113,11 +119,20 @@ class Write(NamedTuple):
             ]
         outcomes = ""
         if (r := self.results) is not None:
-            turn = r.outcomes[0].turn if r.outcomes else 0
-            row.update(r_seq=r.seq, r_turn=turn, r_content=r.content)
+            row.update(r_seq=r.seq, r_turn=r.turn, r_content=r.content)
             outcomes = ',"outcomes":[' + ",".join(o.model_dump_json() for o in r.outcomes) + "]"
         text = fastjson.dumps(row)
         return text[:-1] + outcomes + "}"
+
+
+def batch_params(items: list[Write]) -> dict[str, Any]:
+    """WRITE_BATCH's parameters: the rows, and the keys that reach each table's rows (the
+    jobs; the turns whose results are written, so that a job's earlier calls are not read)."""
+    return {
+        "batch": "[" + ",".join(item.json() for item in items) + "]",
+        "jobs": list({item.job for item in items}),
+        "turns": list({item.results.turn for item in items if item.results is not None}),
+    }
 
 
 class TranscriptWrites(PassBatcher[Write]):
@@ -152,11 +167,10 @@ class TranscriptWrites(PassBatcher[Write]):
         return results
 
     async def _execute(self, items: list[Write]) -> None:
-        batch = "[" + ",".join(item.json() for item in items) + "]"
-        jobs = list({item.job for item in items})
+        params = batch_params(items)
         try:  # the common case costs no retry machinery
             async with self.pool.connection() as conn:
-                await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})
+                await conn.execute(WRITE_BATCH, params)
             return
         except psycopg.Error as exc:
             if not (self.outage_s and postgres_down(exc)):
@@ -164,4 +178,4 @@ class TranscriptWrites(PassBatcher[Write]):
         async for attempt in async_retrying("transcript write", self.outage_s, postgres_down):
             with attempt:
                 async with self.pool.connection() as conn:
-                    await conn.execute(WRITE_BATCH, {"batch": batch, "jobs": jobs})
+                    await conn.execute(WRITE_BATCH, params)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from broker.pg.store import AsyncStore, Store
-from broker.pg.transcript_writes import WRITE_BATCH, Results
+from broker.pg.transcript_writes import WRITE_BATCH, Results, Write, batch_params
 from broker.protocol import CallOutcome, JobSpec
 from tests.conftest import Isolated
 
@@ -191,4 +191,39 @@ def test_a_jobs_end_rides_in_the_batch_of_other_jobs_turns(
         ("j", "completed", "the answer", 3, True),
         ("k", "queued", "", 1, False),
     ]
+    conn.close()
+
+
+def test_a_turns_results_reach_only_that_turns_calls(isolated: Isolated) -> None:
+    """A long job's write reads the calls of the turn it records, not all of the job's
+    (PostgreSQL's own account of the statement: EXPLAIN ANALYZE)."""
+    turns = 40
+
+    async def body(store: AsyncStore) -> None:
+        for turn in range(turns):
+            call = [(f"c{turn}", "read_file", {"path": "a"}, "fs")]
+            done = results(2 * turn - 1, turn - 1, "A") if turn else None
+            await store.append_message(
+                "s", "j", 2 * turn, "assistant", {"text": ""}, turn, call, turn + 1, done
+            )
+
+    conn = run(isolated, body)
+    last = Write("s", "j", results=results(2 * turns - 1, turns - 1, "B"))
+    plan = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + WRITE_BATCH, batch_params([last])
+    ).fetchone()
+    scans: list[tuple[str, int]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "tool_calls" and "Scan" in node["Node Type"]:
+            scans.append((node["Node Type"], node["Actual Rows"]))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(next(iter(plan.values()))[0]["Plan"])
+    assert scans and all(rows <= 1 for _, rows in scans), scans
+    status = conn.execute(
+        "SELECT status, for_llm FROM tool_calls WHERE job_id = 'j' AND turn = %s", (turns - 1,)
+    ).fetchone()
+    assert status == {"status": "done", "for_llm": "B"}
     conn.close()
