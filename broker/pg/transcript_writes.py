@@ -136,10 +136,10 @@ def batch_params(items: list[Write]) -> dict[str, Any]:
 
 
 class TranscriptWrites(PassBatcher[Write]):
-    def __init__(
-        self, pool: AsyncConnectionPool[Any], in_flight: int = 2, outage_s: float = 0.0
-    ) -> None:
-        super().__init__(in_flight)
+    IN_FLIGHT = 2  # batches at once: one being written, the next gathering
+
+    def __init__(self, pool: AsyncConnectionPool[Any], outage_s: float = 0.0) -> None:
+        super().__init__(self.IN_FLIGHT)
         self.pool = pool
         self.outage_s = outage_s
 

@@ -227,3 +227,28 @@ def test_a_turns_results_reach_only_that_turns_calls(isolated: Isolated) -> None
     ).fetchone()
     assert status == {"status": "done", "for_llm": "B"}
     conn.close()
+
+
+def test_the_write_is_planned_once_per_connection(isolated: Isolated) -> None:
+    """PostgreSQL's own count of the plans it made for the write (pg_prepared_statements):
+    generic ones, never one per execution (it had chosen those, 0.5 ms each)."""
+    found: list[dict[str, Any]] = []
+
+    async def body(store: AsyncStore) -> None:
+        for turn in range(20):
+            call = [(f"c{turn}", "read_file", {"path": "a"}, "fs")]
+            done = results(2 * turn - 1, turn - 1, "A") if turn else None
+            await store.append_message(
+                "s", "j", 2 * turn, "assistant", {"text": ""}, turn, call, turn + 1, done
+            )
+        async with store.write_pool.connection() as conn:
+            cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+            await cur.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'WITH b AS MATERIALIZED%%'"
+            )
+            found.extend(await cur.fetchall())
+
+    run(isolated, body).close()
+    assert len(found) == 1 and found[0]["custom_plans"] == 0, found
+    assert found[0]["generic_plans"] >= 10, found
