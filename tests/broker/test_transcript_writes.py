@@ -194,18 +194,23 @@ def test_a_jobs_end_rides_in_the_batch_of_other_jobs_turns(
     conn.close()
 
 
+async def write_turns(store: AsyncStore, turns: int) -> None:
+    """Job j's first `turns` turns, one call each, each turn's results riding on the next."""
+    for turn in range(turns):
+        call = [(f"c{turn}", "read_file", {"path": "a"}, "fs")]
+        done = results(2 * turn - 1, turn - 1, "A") if turn else None
+        await store.append_message(
+            "s", "j", 2 * turn, "assistant", {"text": ""}, turn, call, turn + 1, done
+        )
+
+
 def test_a_turns_results_reach_only_that_turns_calls(isolated: Isolated) -> None:
     """A long job's write reads the calls of the turn it records, not all of the job's
     (PostgreSQL's own account of the statement: EXPLAIN ANALYZE)."""
     turns = 40
 
     async def body(store: AsyncStore) -> None:
-        for turn in range(turns):
-            call = [(f"c{turn}", "read_file", {"path": "a"}, "fs")]
-            done = results(2 * turn - 1, turn - 1, "A") if turn else None
-            await store.append_message(
-                "s", "j", 2 * turn, "assistant", {"text": ""}, turn, call, turn + 1, done
-            )
+        await write_turns(store, turns)
 
     conn = run(isolated, body)
     last = Write("s", "j", results=results(2 * turns - 1, turns - 1, "B"))
@@ -235,12 +240,7 @@ def test_the_write_is_planned_once_per_connection(isolated: Isolated) -> None:
     found: list[dict[str, Any]] = []
 
     async def body(store: AsyncStore) -> None:
-        for turn in range(20):
-            call = [(f"c{turn}", "read_file", {"path": "a"}, "fs")]
-            done = results(2 * turn - 1, turn - 1, "A") if turn else None
-            await store.append_message(
-                "s", "j", 2 * turn, "assistant", {"text": ""}, turn, call, turn + 1, done
-            )
+        await write_turns(store, 20)
         async with store.write_pool.connection() as conn:
             cur = conn.cursor(row_factory=psycopg.rows.dict_row)
             await cur.execute(
