@@ -16,7 +16,6 @@ import contextlib
 import gc
 import logging
 import signal
-import time
 from typing import Any
 
 import psycopg
@@ -29,7 +28,7 @@ from broker.config.settings import Settings
 from broker.obs import metrics, tracing
 from broker.pg.store import AsyncStore
 from broker.protocol import AGENTS_QUEUE, FINAL_STATUSES, Group, JobSpec
-from broker.redis.admission import RECLAIM
+from broker.redis.admission import reclaim_slot
 from broker.redis.agent_queue import AgentQueue, AgentRun
 from broker.redis.announce import AnnounceQueue
 from broker.redis.connections import async_redis, patient_redis, retry_pause
@@ -46,7 +45,7 @@ from orchestrator.live import LiveSettings
 from orchestrator.providers.http import model_client
 from orchestrator.services.announce import AnnounceDelivery
 from orchestrator.services.artifacts import ArtifactPurge
-from orchestrator.services.control import ControlChannel
+from orchestrator.services.control import ControlChannel, Heard
 from orchestrator.services.cron import CronService
 from orchestrator.services.leases import LeaseKeeper, Leases
 from orchestrator.services.recovery import Recovery
@@ -117,6 +116,7 @@ class Orchestrator:
         http = model_client(self.settings.model_timeout_s, self.settings.model_connections)
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)
         self.approvals = Approvals(self.redis)
+        self.heard = Heard(self.settings.turn_check_s)
         self.services = Services(
             self.settings,
             self.store,
@@ -139,6 +139,7 @@ class Orchestrator:
             CustomCatalog(self.redis, self.store.pool),
             LiveSettings(self.settings),
             contained=contains(self.settings),
+            heard=self.heard,
         )
         self.announcements = self.services.announcements
         try:
@@ -155,7 +156,7 @@ class Orchestrator:
         )
         self.duties: list[Service] = [
             Leases(keeper, self.settings.heartbeat_interval_s),
-            ControlChannel(self.redis, self.on_control),
+            ControlChannel(self.redis, self.on_control, self.heard),
             Recovery(
                 self.settings, self.store, self.redis, queue, self.id, self.running, self.accept
             ),
@@ -306,7 +307,7 @@ class Orchestrator:
             return None  # over, or parked: the answer to its last request queues it again
         spec = JobSpec.stored(row["spec"])
         if spec.depth > 0:
-            if not await self._reclaim_slot(job_id):
+            if not await reclaim_slot(self.redis, job_id, self.settings):
                 log.info("subagent %s waits for a free slot", job_id)
                 return None
             if not await self.store.start_job(job_id, self.id):
@@ -314,15 +315,6 @@ class Orchestrator:
         run = JobRun(self.services, job_id, row["session_id"], spec, transcript=row["transcript"])
         run.chain = row["chain"] or []
         return run
-
-    async def _reclaim_slot(self, job_id: str) -> bool:
-        """Keep the slot admission gave this subagent (or take a free one if it lapsed)."""
-        now = int(time.time() * 1000)
-        lease = int(self.settings.subagent_lease_s * 1000)
-        limit = self.settings.max_concurrent_subagents
-        return bool(
-            await self.redis.eval(RECLAIM, 1, keys.SUBAGENTS_RUNNING, job_id, now, limit, lease)
-        )
 
     async def _drive(self, run: JobRun) -> None:
         try:
@@ -359,6 +351,7 @@ class Orchestrator:
             self.jobs.pop(run.job_id, None)
             self.children.discard(run.job_id)
             self.cancelling.discard(run.job_id)
+            self.heard.handed.discard(run.job_id)
             self.slots.release()
             if not run.finished:  # finish() gives the lease up with its last round trip
                 await self.redis.delete(keys.lease(run.job_id))
@@ -372,6 +365,8 @@ class Orchestrator:
         if (job_id := command.get("cancel")) in self.jobs:
             self.cancelling.add(job_id)
             self.jobs[job_id].cancel()
+        if (job_id := command.get("inbox")) in self.jobs:  # its next turn reads it
+            self.heard.handed.add(job_id)
         if (job_id := command.get("steer")) in self.jobs and job_id not in self.cancelling:
             self.steering.add(job_id)
             self.jobs[job_id].cancel()

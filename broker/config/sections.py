@@ -44,6 +44,13 @@ class AgentLoop(BaseModel):
         description="a turn's tool results wait up to this long to be written in one statement "
         "with the model's next message (the ledger holds them meanwhile)",
     )
+    turn_check_s: float = Field(
+        1.0,
+        ge=0,
+        description="a turn starts on the control channel's word (a cancel or steer is pushed) "
+        "and reads the job's cancel flag and inbox in Redis at least this often: a push lost "
+        "with its connection is seen within it (0: every turn reads them)",
+    )
     max_jobs_per_orchestrator: int = Field(2000, ge=1)
     loop_repeat_warn: int = Field(
         3,

@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass
 
 import redis
+import redis.asyncio as aioredis
 
 from broker import keys
+from broker.config.settings import Settings
 
 ADMIT = """
 local now = tonumber(ARGV[7])
@@ -113,3 +115,11 @@ class SubagentSlots:
     def running(self, now: float | None = None) -> int:
         at = int((now if now is not None else time.time()) * 1000)
         return int(self.client.zcount(keys.SUBAGENTS_RUNNING, at, "+inf"))
+
+
+async def reclaim_slot(client: aioredis.Redis, job_id: str, settings: Settings) -> bool:
+    """Keep the slot admission gave this subagent (or take a free one if it lapsed)."""
+    now = int(time.time() * 1000)
+    lease = int(settings.subagent_lease_s * 1000)
+    limit = settings.max_concurrent_subagents
+    return bool(await client.eval(RECLAIM, 1, keys.SUBAGENTS_RUNNING, job_id, now, limit, lease))

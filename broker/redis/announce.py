@@ -59,24 +59,28 @@ return out
 """
 
 # KEYS: announce list, due set, the session's active-job key; ARGV: n delivered, session,
-# inbox prefix, message, inbox ttl. Delivers to the running job, or answers nil.
+# inbox prefix, message, inbox ttl, control channel. Delivers to the running job (and tells
+# its orchestrator: its next turn reads the inbox), or answers nil.
 DELIVER = """
 local job = redis.call('GET', KEYS[3])
 if not job then return false end
 local inbox = ARGV[3] .. job
 redis.call('RPUSH', inbox, ARGV[4])
 redis.call('EXPIRE', inbox, tonumber(ARGV[5]))
+redis.call('PUBLISH', ARGV[6], cjson.encode({inbox = job}))
 redis.call('LTRIM', KEYS[1], tonumber(ARGV[1]), -1)
 if redis.call('LLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], ARGV[2]) end
 return job
 """
 
 # KEYS: announce list, due set, the job's inbox, its released flag; ARGV: n, session,
-# message, inbox ttl. Into the inbox of a job that has not ended (else 0: try again soon).
+# message, inbox ttl, control channel, job. Into the inbox of a job that has not ended
+# (else 0: try again soon), its orchestrator told.
 DELIVER_TO_JOB = """
 if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
 redis.call('RPUSH', KEYS[3], ARGV[3])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[4]))
+redis.call('PUBLISH', ARGV[5], cjson.encode({inbox = ARGV[6]}))
 redis.call('LTRIM', KEYS[1], tonumber(ARGV[1]), -1)
 if redis.call('LLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], ARGV[2]) end
 return 1
@@ -160,7 +164,14 @@ class AnnounceQueue:
         step; None when no job runs there (the caller then starts one and calls `ack`)."""
         job = self._deliver(
             keys=[keys.announce(session), keys.ANNOUNCE_DUE, keys.session_active(session)],
-            args=[count, session, keys.inbox(""), message, self.inbox_ttl_s],
+            args=[
+                count,
+                session,
+                keys.inbox(""),
+                message,
+                self.inbox_ttl_s,
+                keys.CONTROL_CHANNEL,
+            ],
         )
         if not job:
             return None
@@ -176,7 +187,7 @@ class AnnounceQueue:
                 keys.inbox(job_id),
                 keys.released(job_id),
             ],
-            args=[count, session, message, self.inbox_ttl_s],
+            args=[count, session, message, self.inbox_ttl_s, keys.CONTROL_CHANNEL, job_id],
         )
         return bool(done)
 

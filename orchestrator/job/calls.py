@@ -202,6 +202,7 @@ class JobCalls(JobPeople):
                 with tracing.span(f"call {ready.tool.name}", {"clawq.call": ready.call.id}):
                     envelope.trace = tracing.carrier()  # the worker's span is a child of this
                     try:
+                        await self.in_order()
                         outcome = await self.s.dispatcher.call(
                             envelope, queue, self.take_pending, admit, pinned
                         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 from celery import signature
@@ -65,6 +66,7 @@ class JobFinish(JobCalls):
     async def close(self) -> bool:
         """Whether the job may end now: nothing waits in its inbox or steer list (else the
         next turn takes it), and then new messages for the session start a new job."""
+        await self.in_order()
         async with self.s.redis.pipeline(transaction=False) as pipe:
             self.take_pending(pipe)
             pipe.eval(
@@ -76,6 +78,8 @@ class JobFinish(JobCalls):
                 self.job_id,
             )
             closed = (await pipe.execute())[-1]
+        if not closed:  # the next turn reads what waits
+            self.looked_at = -math.inf
         return bool(closed)
 
     async def finish(self, status: str, text: str, error: str) -> None:
@@ -91,6 +95,7 @@ class JobFinish(JobCalls):
             result = {"job_id": self.job_id, "status": status, "final_text": text, "error": error}
             await asyncio.to_thread(self._continue_chain, result | {"parent_id": spec.parent_id})
         await self.s.store.finish_job(self.job_id, status, text, error, self.turns)
+        await self.in_order()
         async with redis.pipeline(transaction=False) as pipe:
             self.take_pending(pipe)
             pipe.set(keys.session_ended(self.session_id), status, ex=ttl)  # its processes end
@@ -116,6 +121,7 @@ class JobFinish(JobCalls):
                     data={"child": self.job_id, "label": spec.label, "status": status},
                 )
             )
+        await self.in_order()
         async with redis.pipeline(transaction=False) as pipe:
             self.take_pending(pipe)
             pipe.delete(keys.lease(self.job_id))  # the job is over: nothing to resume

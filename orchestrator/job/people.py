@@ -28,6 +28,7 @@ class JobPeople(JobTranscript):
         if not await requests.park(self.s.store.pool, self.job_id):
             return False
         self.defer("job_waiting", turn=self.turns)
+        await self.in_order()
         async with self.s.redis.pipeline(transaction=False) as pipe:
             self.take_pending(pipe)
             pipe.delete(keys.lease(self.job_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from broker import keys
@@ -119,6 +120,8 @@ class JobRun(JobContext):
         self.loops.replay(self.messages[: len(self.messages) - inflight], self.job_id)
         resumed = any(m.job_id == self.job_id for m in self.messages)
         self.defer("job_started", resumed=resumed)
+        self.looked_at = -math.inf  # (a steered run: its first turn reads the steer list)
+        await self.in_order()
         async with self.s.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.session_active(self.session_id), self.job_id)  # where messages go
             pipe.delete(keys.session_ended(self.session_id))  # a later job of the session
@@ -191,11 +194,12 @@ class JobRun(JobContext):
                 self.current = current = TurnCalls(self, turn)
                 try:
                     asked = time.monotonic()
-                    deltas = (
-                        TurnDeltas(s.redis, s.settings, self.job_id, turn + 1, self.preview)
-                        if s.settings.stream_model_deltas or self.preview is not None
-                        else None
-                    )
+                    deltas = None
+                    if s.settings.stream_model_deltas or self.preview is not None:
+                        await self.flush()  # the turn's start goes before its first delta
+                        deltas = TurnDeltas(
+                            s.redis, s.settings, self.job_id, turn + 1, self.preview
+                        )
                     try:
                         reply, view = await self.ask(provider, turn, current, deltas)
                     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from orchestrator.job.loops import LoopGuard
 from orchestrator.job.preview import ChatPreview
 from orchestrator.job.tools import CustomCatalog
 from orchestrator.job.turn import TurnCalls
+from orchestrator.services.control import Heard
 from orchestrator.services.task_events import AgentTaskEvents
 from workers.registry import Registry
 
@@ -63,8 +65,10 @@ class Services:
     # settings rather than per job (it resolves a dozen paths)
     contained: bool = False
     budget: Budget | None = None  # made on the first charge (its script's hash, once)
+    heard: Heard | None = None  # what the control channel heard (None: each turn looks)
 
 
+EVENTS_HELD_S = 0.02  # a turn's start waits this long for the round trip it rides on
 COLLECT_AFTER_S = 2.0
 _collection: list[asyncio.TimerHandle] = []
 
@@ -114,6 +118,9 @@ class JobState:
         self._turns = 0
         self.transcript = transcript  # read when the job was accepted; used by its first run
         self.pending: list[Event] = []  # events that ride on the job's next round trip
+        self.held: asyncio.TimerHandle | None = None  # their own write, if that one is late
+        self.sending: asyncio.Future[None] | None = None  # that write, in flight
+        self.looked_at = -math.inf  # when its cancel flag and inbox were last read (monotonic)
         self.finished = False  # its end is recorded and its lease given up
         self.writing: asyncio.Future[None] | None = None  # the transcript write in flight
         self.unwritten: Results | None = None  # a turn's results held for the next write
@@ -137,6 +144,9 @@ class JobState:
         self.transcript = None
         self.current = None
         self.pending = []
+        if self.held is not None:
+            self.held.cancel()
+            self.held = None
         self.openai_tools = []
         self.anthropic_tools = []
         self.tools = []
@@ -152,12 +162,44 @@ class JobState:
         the job's end. Only for events that nothing waits on in between."""
         self.pending.append(Event(type=type_, job_id=self.job_id, data=data))
 
+    def send_soon(self) -> None:
+        """The pending events ride on the job's next round trip if it comes within
+        EVENTS_HELD_S, else go on their own: a model that takes its time does not keep the
+        turn's start from those who watch the job."""
+        if self.held is None:
+            self.held = asyncio.get_running_loop().call_later(EVENTS_HELD_S, self._send_held)
+
+    def _send_held(self) -> None:
+        self.held = None
+        if self.pending:
+            batch, self.pending = self.pending, []
+            self.sending = asyncio.ensure_future(self._send(batch, self.sending))
+
+    async def _send(self, batch: list[Event], after: asyncio.Future[None] | None) -> None:
+        if after is not None:
+            await after
+        async with self.s.redis.pipeline(transaction=False) as pipe:
+            events.add(pipe, batch, self.s.settings.events_ttl_s)
+            await pipe.execute()
+
+    async def in_order(self) -> None:
+        """Before a round trip that takes the pending events: the held events' own write,
+        if one is in flight, is done (what comes next is after them on the stream); its
+        failure surfaces here."""
+        if self.sending is not None:
+            sending, self.sending = self.sending, None
+            await sending
+
     def take_pending(self, pipe: Any) -> None:
-        """Put the pending events in `pipe`, first."""
+        """Put the pending events in `pipe`, first (after `in_order`)."""
+        if self.held is not None:
+            self.held.cancel()
+            self.held = None
         batch, self.pending = self.pending, []
         events.add(pipe, batch, self.s.settings.events_ttl_s)
 
     async def flush(self) -> None:
+        await self.in_order()
         if self.pending:
             async with self.s.redis.pipeline(transaction=False) as pipe:
                 self.take_pending(pipe)

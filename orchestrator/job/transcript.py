@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from broker.pg.transcript_writes import Results
 from broker.protocol import (
@@ -29,12 +30,24 @@ class JobTranscript(JobState):
         return int(message.role == "assistant" and message.job_id == self.job_id)
 
     async def begin_turn(self, turn: int) -> None:
-        """One round trip in the common case: pending events out, the cancel check, and
-        `turn_started`. Messages the user sent to redirect the job, and announcements
-        delivered to it, become its next user input first."""
+        """No round trip of its own when the control channel heard nothing for the job
+        since its last look (a cancel or steer is pushed, and a delivery announced there):
+        `turn_started` rides on the turn's next round trip. Otherwise one: pending events
+        out, the cancel check, and `turn_started`. Messages the user sent to redirect the
+        job, and announcements delivered to it, become its next user input first."""
+        heard = self.s.heard
+        if heard is not None and heard.nothing_new(self.job_id, self.looked_at):
+            self.defer("turn_started", turn=turn + 1)
+            self.send_soon()
+            return
         started = Event(type="turn_started", job_id=self.job_id, data={"turn": turn + 1})
+        await self.in_order()
         batch, self.pending = self.pending, []
+        if heard is not None:
+            heard.handed.discard(self.job_id)  # what was handed until now is read here
+        looked = time.monotonic()
         begun = await events.begin_turn(self.s.redis, batch, started, self.s.settings.events_ttl_s)
+        self.looked_at = looked
         if begun.cancelled:
             raise JobCancelled
         if begun.started:
