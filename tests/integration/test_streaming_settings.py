@@ -8,22 +8,25 @@ every request)."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker import keys
 from orchestrator.client.deltas import JobEnded, TextDelta
-from tests.integration.conftest import Cluster, start_cluster
+from tests.integration.conftest import Cluster, start_cluster, wait_until
 from tests.integration.test_chat_preview import (
     TG_TOKEN,
     Provider,
     assert_growing_then_final,
     final_in_chat,
 )
-from tests.orchestrator.model_wire import Answer, Asked, WireServer, streamed
+from tests.orchestrator.model_wire import Answer, Asked, WireServer, openai_call, streamed
 from tests.sites import Site
 
 WORDS = [f"w{i:02d} " for i in range(20)]
@@ -33,6 +36,10 @@ CONNECTIONS = 3
 
 
 def answer(asked: Asked) -> Answer:
+    """`gpt-call` lists files first; then, and for every other model, the words."""
+    called = any(m.get("role") == "tool" for m in asked.body["messages"])
+    if asked.body.get("model") == "gpt-call" and not called:
+        return openai_call("call_l", "list_files", {}, (10, 5))
     return streamed(asked, WORDS, DELAY_S)
 
 
@@ -74,6 +81,25 @@ def test_without_deltas_the_text_comes_whole(cluster: Cluster, tmp_path: Any) ->
     items = list(job.stream())
     assert [(d.text, d.final) for d in items if isinstance(d, TextDelta)] == [(TEXT, True)]
     assert isinstance(items[-1], JobEnded) and items[-1].status == "completed"
+
+
+def test_without_deltas_a_turn_is_seen_starting_while_the_model_speaks(
+    cluster: Cluster, tmp_path: Any
+) -> None:
+    """A turn's start rides on the job's next round trip, which for a reply without calls
+    is the job's end: it goes on its own after a moment instead, while the reply (2 s)
+    still streams."""
+    job = cluster.client.submit("list, then talk", model="openai:gpt-call", workspace=str(tmp_path))
+
+    def types() -> list[str]:
+        stream = cluster.client.redis.xrange(keys.events(job.id))
+        return [json.loads(fields[b"e"])["type"] for _, fields in stream]
+
+    wait_until(lambda: "tool_call_finished" in types(), timeout=30)
+    time.sleep(0.5)
+    during = types()
+    assert during.count("turn_started") == 2 and "model_text" not in during, during
+    assert job.wait(timeout=30).final_text == TEXT
 
 
 def test_without_deltas_a_chat_still_sees_the_answer_grow(
