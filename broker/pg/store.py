@@ -7,6 +7,7 @@ lock, so any number of processes may start at once.
 
 from __future__ import annotations
 
+import asyncio
 from importlib import resources
 from typing import Any
 
@@ -326,6 +327,11 @@ class AsyncStore:
         generic = with_setting(url, "plan_cache_mode", "force_generic_plan")
         self.write_pool = async_pool(generic, TranscriptWrites.IN_FLIGHT, configure=_configure)
         self.writes = TranscriptWrites(self.write_pool, outage_s=outage_s)
+        # accepts take at most half the pool: a storm of them (a thousand taken at once)
+        # waits here, not in the pool's queue, where the statements of the jobs already
+        # running would wait behind it (an orchestrator held to 0.2 cores let 847 of them
+        # wait out the pool's 30 s, and their jobs paused)
+        self.accepts = asyncio.Semaphore(max(1, max_size // 2))
 
     async def open(self) -> None:
         await self.pool.open(wait=True)
@@ -389,7 +395,7 @@ class AsyncStore:
         """The job with its session's transcript, its chain kept (a given one if it has
         none yet) and, when `start`, started unless it is final or a subagent: one
         round trip. None for an unknown job."""
-        async with self.pool.connection() as conn:
+        async with self.accepts, self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 ACCEPT_JOB,
