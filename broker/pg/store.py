@@ -327,10 +327,8 @@ class AsyncStore:
         generic = with_setting(url, "plan_cache_mode", "force_generic_plan")
         self.write_pool = async_pool(generic, TranscriptWrites.IN_FLIGHT, configure=_configure)
         self.writes = TranscriptWrites(self.write_pool, outage_s=outage_s)
-        # accepts take at most half the pool: a storm of them (a thousand taken at once)
-        # waits here, not in the pool's queue, where the statements of the jobs already
-        # running would wait behind it (an orchestrator held to 0.2 cores let 847 of them
-        # wait out the pool's 30 s, and their jobs paused)
+        # accepts take at most half the pool: a storm of them waits here, not in the pool's
+        # queue, where the running jobs' statements would wait behind it (and time out)
         self.accepts = asyncio.Semaphore(max(1, max_size // 2))
 
     async def open(self) -> None:
