@@ -78,3 +78,24 @@ def test_an_announcement_handed_to_a_running_job_is_its_next_turns_input(
     # read at the start of a turn a few after it was handed (the events of the turns in
     # flight may lag), not at the look `turn_check_s` later: hundreds of turns
     assert handed_at - 1 <= turns_before <= handed_at + 20, (handed_at, turns_before)
+
+
+def test_a_cancel_flag_set_while_the_channel_reconnects_is_read_at_once(
+    cluster: Cluster, workspace: Path
+) -> None:
+    """The orchestrator's subscription is cut (Redis stays up) and the flag is set with no
+    push: the channel was not listening since the job's last look, so the job's next turn
+    looks again (not the look `turn_check_s` later, hundreds of turns on)."""
+    job = long_job(cluster, workspace)
+    wait_until(lambda: current_turn(cluster, job) >= 20, timeout=30)
+    redis = cluster.client.redis
+    db = redis.connection_pool.connection_kwargs.get("db", 0)
+    subscribers = [c for c in redis.client_list() if int(c["db"]) == db and int(c["sub"]) > 0]
+    assert subscribers  # the orchestrator's control channel (this test's own Redis db)
+    for client in subscribers:
+        redis.client_kill_filter(_id=client["id"])
+    redis.set(keys.cancel(job.id), "cancelled by request", ex=600)
+    set_at_turn = current_turn(cluster, job)
+    result = job.wait(timeout=60)
+    assert result.status == "cancelled"
+    assert current_turn(cluster, job) <= set_at_turn + 20, (set_at_turn, current_turn(cluster, job))
