@@ -143,10 +143,7 @@ class JobState:
         self.messages = []
         self.transcript = None
         self.current = None
-        self.pending = []
-        if self.held is not None:
-            self.held.cancel()
-            self.held = None
+        self.take_events()
         self.openai_tools = []
         self.anthropic_tools = []
         self.tools = []
@@ -171,8 +168,7 @@ class JobState:
 
     def _send_held(self) -> None:
         self.held = None
-        if self.pending:
-            batch, self.pending = self.pending, []
+        if batch := self.take_events():
             self.sending = asyncio.ensure_future(self._send(batch, self.sending))
 
     async def _send(self, batch: list[Event], after: asyncio.Future[None] | None) -> None:
@@ -190,13 +186,18 @@ class JobState:
             sending, self.sending = self.sending, None
             await sending
 
-    def take_pending(self, pipe: Any) -> None:
-        """Put the pending events in `pipe`, first (after `in_order`)."""
+    def take_events(self) -> list[Event]:
+        """The pending events, taken for a round trip (after `in_order`): they no longer
+        wait for a write of their own."""
         if self.held is not None:
             self.held.cancel()
             self.held = None
         batch, self.pending = self.pending, []
-        events.add(pipe, batch, self.s.settings.events_ttl_s)
+        return batch
+
+    def take_pending(self, pipe: Any) -> None:
+        """Put the pending events in `pipe`, first (after `in_order`)."""
+        events.add(pipe, self.take_events(), self.s.settings.events_ttl_s)
 
     async def flush(self) -> None:
         await self.in_order()

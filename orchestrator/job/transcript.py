@@ -42,7 +42,7 @@ class JobTranscript(JobState):
             return
         started = Event(type="turn_started", job_id=self.job_id, data={"turn": turn + 1})
         await self.in_order()
-        batch, self.pending = self.pending, []
+        batch = self.take_events()
         if heard is not None:
             heard.handed.discard(self.job_id)  # what was handed until now is read here
         looked = time.monotonic()
