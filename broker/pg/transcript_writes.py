@@ -26,32 +26,45 @@ from broker.outage import async_retrying, postgres_down
 from broker.protocol import CallOutcome
 from broker.redis.batching import PassBatcher
 
-# `b` is the batch, one row per write. Every table is reached through its key (`= ANY` of
-# the batch's jobs, and of the turns whose results it writes, then the row's own key): the
-# plan never scans a table, nor a long job's earlier calls, whatever the recordset's
-# (unknown to the planner) size.
+# `b` is the batch, one row per write. No table is reached through the planner's choice
+# of a join: a plan is prepared once per connection and kept (psycopg prepares a statement
+# run five times, PostgreSQL then keeps a generic plan), and one made while a table was
+# nearly empty scans it whole on every write however large it grows: the previous turn's
+# call rows had the plan hash a full scan of tool_calls until autovacuum's first ANALYZE
+# (bench (j): a quarter of a core at 10,000 jobs). Inserts and the results' upsert find
+# their rows through their conflict arbiter, the primary key, always; the jobs through
+# `= ANY` of the batch's jobs.
 WRITE_BATCH = (
     "WITH b AS MATERIALIZED (SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS b("
     " session text, job text, seq int, role text, content jsonb, turn int, calls jsonb,"
     " iterations int, r_seq int, r_turn int, r_content jsonb, outcomes jsonb, status text,"
     " final_text text, error text)),"
-    # the previous turn's results: their message, and their calls' ledger rows
+    # the previous turn's results: their message, and their calls' ledger rows (stored with
+    # the turn, before the results: the upsert updates them; a call id the model repeated
+    # in one turn has its first outcome kept, the one it ran)
     " r AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
     " SELECT session, r_seq, job, 'tool', r_content FROM b WHERE r_seq IS NOT NULL"
     " ON CONFLICT (session_id, seq) DO NOTHING),"
-    " f AS (UPDATE tool_calls t SET status = 'done', is_error = o.is_error,"
-    " for_llm = o.for_llm, for_user = o.for_user, metadata = o.metadata,"
-    " queue = coalesce(nullif(o.queue, ''), t.queue), worker = o.worker,"
-    " attempts = o.attempts, decision = o.decision, decided_by = o.decided_by,"
-    " decision_reason = o.decision_reason, started_at = to_timestamp(nullif(o.started_at, 0)),"
-    " finished_at = to_timestamp(o.finished_at)"
-    " FROM b CROSS JOIN LATERAL jsonb_to_recordset(b.outcomes) AS o(job_id text, turn int,"
-    " call_id text, is_error bool, for_llm text, for_user text, metadata jsonb, queue text,"
-    " worker text, attempts int, decision text, decided_by text, decision_reason text,"
-    " started_at float8, finished_at float8)"
-    " WHERE t.job_id = ANY(%(jobs)s) AND t.turn = ANY(%(turns)s)"
-    " AND t.job_id = b.job AND t.turn = b.r_turn"
-    " AND t.call_id = o.call_id AND o.job_id = t.job_id AND o.turn = t.turn),"
+    " f AS (INSERT INTO tool_calls AS t (job_id, turn, call_id, seq, name, input, status,"
+    " is_error, for_llm, for_user, metadata, queue, worker, attempts, decision, decided_by,"
+    " decision_reason, started_at, finished_at)"
+    " SELECT DISTINCT ON (b.job, o.call_id) b.job, b.r_turn, o.call_id, 0, '', '{}', 'done',"
+    " o.is_error, o.for_llm, o.for_user, o.metadata, coalesce(o.queue, ''), o.worker,"
+    " o.attempts, o.decision, o.decided_by, o.decision_reason,"
+    " to_timestamp(nullif(o.started_at, 0)), to_timestamp(o.finished_at)"
+    " FROM b CROSS JOIN LATERAL ROWS FROM (jsonb_to_recordset(b.outcomes) AS (job_id text,"
+    " turn int, call_id text, is_error bool, for_llm text, for_user text, metadata jsonb,"
+    " queue text, worker text, attempts int, decision text, decided_by text,"
+    " decision_reason text, started_at float8, finished_at float8)) WITH ORDINALITY"
+    " AS o(job_id, turn, call_id, is_error, for_llm, for_user, metadata, queue, worker,"
+    " attempts, decision, decided_by, decision_reason, started_at, finished_at, n)"
+    " WHERE o.job_id = b.job AND o.turn = b.r_turn ORDER BY b.job, o.call_id, o.n"
+    " ON CONFLICT (job_id, turn, call_id) DO UPDATE SET status = 'done',"
+    " is_error = excluded.is_error, for_llm = excluded.for_llm, for_user = excluded.for_user,"
+    " metadata = excluded.metadata, queue = coalesce(nullif(excluded.queue, ''), t.queue),"
+    " worker = excluded.worker, attempts = excluded.attempts, decision = excluded.decision,"
+    " decided_by = excluded.decided_by, decision_reason = excluded.decision_reason,"
+    " started_at = excluded.started_at, finished_at = excluded.finished_at),"
     # the new message, the calls it queues, the turn count
     " m AS (INSERT INTO messages (session_id, seq, job_id, role, content)"
     " SELECT session, seq, job, role, content FROM b WHERE seq IS NOT NULL"
@@ -126,12 +139,10 @@ class Write(NamedTuple):
 
 
 def batch_params(items: list[Write]) -> dict[str, Any]:
-    """WRITE_BATCH's parameters: the rows, and the keys that reach each table's rows (the
-    jobs; the turns whose results are written, so that a job's earlier calls are not read)."""
+    """WRITE_BATCH's parameters: the rows, and the jobs they update."""
     return {
         "batch": "[" + ",".join(item.json() for item in items) + "]",
         "jobs": list({item.job for item in items}),
-        "turns": list({item.results.turn for item in items if item.results is not None}),
     }
 
 

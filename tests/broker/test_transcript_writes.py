@@ -204,33 +204,82 @@ async def write_turns(store: AsyncStore, turns: int) -> None:
         )
 
 
-def test_a_turns_results_reach_only_that_turns_calls(isolated: Isolated) -> None:
-    """A long job's write reads the calls of the turn it records, not all of the job's
-    (PostgreSQL's own account of the statement: EXPLAIN ANALYZE)."""
-    turns = 40
+def test_a_write_planned_on_an_empty_ledger_reads_only_its_calls_as_it_grows(
+    isolated: Isolated,
+) -> None:
+    """The plan PostgreSQL keeps for the write is made in a new database's first seconds,
+    while tool_calls is nearly empty; 5,000 call rows later, recording a turn's results
+    must still read only that turn's calls (PostgreSQL's own account of the kept plan:
+    EXPLAIN ANALYZE EXECUTE on the writer's connection). A join planned on the empty table
+    scanned all of them on every write."""
+    turns = 20
+    plan: dict[str, Any] = {}
 
     async def body(store: AsyncStore) -> None:
-        await write_turns(store, turns)
+        await write_turns(store, turns)  # prepared, and its plan kept, on a near-empty ledger
+        other = Store(isolated.database_url)
+        other.create_job("k", "s2", JobSpec(prompt="p", workspace="/tmp"))
+        other.conn.execute(
+            "INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status)"
+            " SELECT 'k', n, 'c', 0, 'read_file', '{}', 'done' FROM generate_series(1, 5000) n"
+        )
+        other.close()
+        last = Write("s", "j", results=results(2 * turns - 1, turns - 1, "B"))
+        params = batch_params([last])
+        async with store.write_pool.connection() as conn:
+            cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+            await cur.execute(
+                "SELECT name FROM pg_prepared_statements"
+                " WHERE statement LIKE 'WITH b AS MATERIALIZED%%' AND generic_plans > 0"
+            )
+            kept = await cur.fetchone()
+            assert kept is not None, "the write was not prepared on this connection"
+            explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({})").format(
+                psycopg.sql.Identifier(kept["name"]),  # its parameters in the query's order
+                psycopg.sql.SQL(", ").join(psycopg.sql.Literal(v) for v in params.values()),
+            )
+            await cur.execute(explain)
+            row = await cur.fetchone()
+            assert row is not None
+            plan.update(next(iter(row.values()))[0]["Plan"])
 
     conn = run(isolated, body)
-    last = Write("s", "j", results=results(2 * turns - 1, turns - 1, "B"))
-    plan = conn.execute(
-        "EXPLAIN (ANALYZE, FORMAT JSON) " + WRITE_BATCH, batch_params([last])
-    ).fetchone()
-    scans: list[tuple[str, int]] = []
+    read: list[tuple[str, int]] = []
 
     def walk(node: dict[str, Any]) -> None:
         if node.get("Relation Name") == "tool_calls" and "Scan" in node["Node Type"]:
-            scans.append((node["Node Type"], node["Actual Rows"]))
+            rows = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            read.append((node["Node Type"], rows * node["Actual Loops"]))
         for child in node.get("Plans", []):
             walk(child)
 
-    walk(next(iter(plan.values()))[0]["Plan"])
-    assert scans and all(rows <= 1 for _, rows in scans), scans
+    walk(plan)
+    assert sum(rows for _, rows in read) <= 1, read
     status = conn.execute(
         "SELECT status, for_llm FROM tool_calls WHERE job_id = 'j' AND turn = %s", (turns - 1,)
     ).fetchone()
     assert status == {"status": "done", "for_llm": "B"}
+    conn.close()
+
+
+def test_a_call_id_the_model_repeated_in_a_turn_keeps_the_outcome_of_the_call_that_ran(
+    isolated: Isolated,
+) -> None:
+    """The gate refuses a call whose id the turn already used: both outcomes come back under
+    one id, and the write keeps the first (the one that ran) instead of failing."""
+
+    async def body(store: AsyncStore) -> None:
+        calls: list[tuple[str, str, dict[str, Any], str]] = [
+            ("c0", "read_file", {"path": "a"}, "fs"),
+            ("c0", "read_file", {"path": "b"}, "fs"),
+        ]
+        await store.append_message("s", "j", 0, "assistant", {"text": ""}, 0, calls, 1)
+        both = [outcome("c0", 0, "ran"), outcome("c0", 0, "refused: the id was used")]
+        await store.record_outcomes("s", "j", Results(1, {"results": []}, both))
+
+    conn = run(isolated, body)
+    rows = conn.execute("SELECT status, for_llm FROM tool_calls WHERE job_id = 'j'").fetchall()
+    assert rows == [{"status": "done", "for_llm": "ran"}]
     conn.close()
 
 
