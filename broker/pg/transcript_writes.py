@@ -26,14 +26,13 @@ from broker.outage import async_retrying, postgres_down
 from broker.protocol import CallOutcome
 from broker.redis.batching import PassBatcher
 
-# `b` is the batch, one row per write. No table is reached through the planner's choice
-# of a join: a plan is prepared once per connection and kept (psycopg prepares a statement
-# run five times, PostgreSQL then keeps a generic plan), and one made while a table was
-# nearly empty scans it whole on every write however large it grows: the previous turn's
-# call rows had the plan hash a full scan of tool_calls until autovacuum's first ANALYZE
-# (bench (j): a quarter of a core at 10,000 jobs). Inserts and the results' upsert find
-# their rows through their conflict arbiter, the primary key, always; the jobs through
-# `= ANY` of the batch's jobs.
+# `b` is the batch, one row per write. PostgreSQL keeps one plan per connection for it
+# (broker/pg/store.py), made perhaps in a new database's first seconds, on nearly empty
+# tables: a join made then scanned tool_calls whole on every write, however large it grew
+# (bench (j): 6,000 rows a write at 2,000 jobs), and with its sequential scans forbidden,
+# read all of a long job's calls. So no row is reached through a join: inserts and the
+# results' upsert find theirs through their conflict arbiter, the primary key; the jobs
+# through `= ANY` of the batch's jobs, by their key (sequential scans are forbidden).
 WRITE_BATCH = (
     "WITH b AS MATERIALIZED (SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS b("
     " session text, job text, seq int, role text, content jsonb, turn int, calls jsonb,"

@@ -204,14 +204,14 @@ async def write_turns(store: AsyncStore, turns: int) -> None:
         )
 
 
-def test_a_write_planned_on_an_empty_ledger_reads_only_its_calls_as_it_grows(
+def test_a_write_planned_on_empty_tables_reads_only_its_rows_as_they_grow(
     isolated: Isolated,
 ) -> None:
     """The plan PostgreSQL keeps for the write is made in a new database's first seconds,
-    while tool_calls is nearly empty; 5,000 call rows later, recording a turn's results
-    must still read only that turn's calls (PostgreSQL's own account of the kept plan:
-    EXPLAIN ANALYZE EXECUTE on the writer's connection). A join planned on the empty table
-    scanned all of them on every write."""
+    while jobs and tool_calls are nearly empty; 5,000 rows later in each, recording a turn
+    must still read only its job's row, and reach that turn's calls by their key
+    (PostgreSQL's own account of the kept plan: EXPLAIN ANALYZE EXECUTE on the writer's
+    connection). A plan made on the empty tables scanned both whole on every write."""
     turns = 20
     plan: dict[str, Any] = {}
 
@@ -223,8 +223,12 @@ def test_a_write_planned_on_an_empty_ledger_reads_only_its_calls_as_it_grows(
             "INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status)"
             " SELECT 'k', n, 'c', 0, 'read_file', '{}', 'done' FROM generate_series(1, 5000) n"
         )
+        other.conn.execute(
+            "INSERT INTO jobs (id, session_id, status, spec)"
+            " SELECT 'k' || n, 's2', 'queued', '{}' FROM generate_series(1, 5000) n"
+        )
         other.close()
-        last = Write("s", "j", results=results(2 * turns - 1, turns - 1, "B"))
+        last = Write("s", "j", iterations=turns, results=results(2 * turns - 1, turns - 1, "B"))
         params = batch_params([last])
         async with store.write_pool.connection() as conn:
             cur = conn.cursor(row_factory=psycopg.rows.dict_row)
@@ -247,14 +251,14 @@ def test_a_write_planned_on_an_empty_ledger_reads_only_its_calls_as_it_grows(
     read: list[tuple[str, int]] = []
 
     def walk(node: dict[str, Any]) -> None:
-        if node.get("Relation Name") == "tool_calls" and "Scan" in node["Node Type"]:
+        if node.get("Relation Name") in ("jobs", "tool_calls") and "Scan" in node["Node Type"]:
             rows = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-            read.append((node["Node Type"], rows * node["Actual Loops"]))
+            read.append((node["Relation Name"], rows * node["Actual Loops"]))
         for child in node.get("Plans", []):
             walk(child)
 
     walk(plan)
-    assert sum(rows for _, rows in read) <= 1, read
+    assert read == [("jobs", 1)], read  # the calls are found by their key, not scanned
     status = conn.execute(
         "SELECT status, for_llm FROM tool_calls WHERE job_id = 'j' AND turn = %s", (turns - 1,)
     ).fetchone()
