@@ -53,7 +53,8 @@ def test_a_bare_command_is_found_beside_the_interpreter(
     _, client, _ = stack
     tools = wait_until(lambda: client.mcp.tools(), 30, "the time server's tools")
     assert "mcp_time__get_current_time" in {t.exposed_name for t in tools}
-    assert client.mcp.states()["time"].state == "connected"
+    # the worker stores the listed tools, then the state it reached: read after them
+    wait_until(lambda: client.mcp.states()["time"].state == "connected", 30, "time connected")
 
 
 def test_a_server_that_cannot_start_says_why_in_mcp_list_and_the_log(
@@ -61,6 +62,7 @@ def test_a_server_that_cannot_start_says_why_in_mcp_list_and_the_log(
 ) -> None:
     iso, client, log_path = stack
     wait_until(lambda: client.mcp.states()["broken"].state, 30, "a state for broken")
+    wait_until(lambda: client.mcp.states()["time"].state, 30, "a state for time")
     listed = CliRunner().invoke(cli.main, ["mcp", "list", "--json"], env=iso.env())
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert rows["broken"]["state"] in ("retrying", "failed")
