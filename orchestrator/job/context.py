@@ -96,6 +96,13 @@ class JobContext(JobFinish):
     _latest: int = -1  # the latest compaction entry
     _view: list[Message] | None = None  # the last view, and its characters
     _view_chars: int = 0
+    # the view kept as messages are added: built for this list of messages, this latest
+    # compaction and this cut of tool results, from these messages' first `_kept_upto`
+    _kept: list[Message] | None = None
+    _kept_for: list[Message] | None = None
+    _kept_at: tuple[int, int] = (-1, -1)
+    _kept_upto: int = 0
+    _kept_chars: int = 0
 
     def window(self) -> int:
         links = parse_chain(self.spec.model, self.s.settings)
@@ -143,16 +150,22 @@ class JobContext(JobFinish):
 
     def view(self) -> list[Message]:
         """The messages a request carries: the latest summary in place of what it covers,
-        then every message since; long tool results cut, with a pointer to the rest."""
+        then every message since; long tool results cut, with a pointer to the rest. Kept
+        as messages are added, so a turn adds only what is new (a job of a thousand turns
+        spent a millisecond a turn going over them all); built again after a compaction."""
         start = self.compacted_at()
         limit = self.s.settings.tool_result_context_chars
         sizes, messages = self.index(), self.messages
-        out: list[Message] = []
-        chars = 0
-        if self._latest >= 0:
-            out.append(Message(role="user", text=SUMMARY_HEAD + messages[self._latest].text))
-            chars += _chars(out[0])
-        for i in range(start, len(messages)):
+        at = (self._latest, limit)
+        if self._kept is None or self._kept_for is not messages or self._kept_at != at:
+            self._kept, self._kept_for, self._kept_at = [], messages, at
+            self._kept_upto, self._kept_chars = start, 0
+            if self._latest >= 0:
+                head = Message(role="user", text=SUMMARY_HEAD + messages[self._latest].text)
+                self._kept.append(head)
+                self._kept_chars += _chars(head)
+        kept, chars = self._kept, self._kept_chars
+        for i in range(self._kept_upto, len(messages)):
             m = messages[i]
             if m.role == "compaction":
                 continue
@@ -164,9 +177,15 @@ class JobContext(JobFinish):
                 chars += _chars(m)
             else:
                 chars += sizes[i]
-            out.append(m)
+            kept.append(m)
+        self._kept_upto, self._kept_chars = len(messages), chars
+        out = list(kept)  # the request's own list: the kept one grows with the job
         self._view, self._view_chars = out, chars  # what request_chars(out) is
         return out
+
+    def release(self) -> None:
+        super().release()
+        self._sized = self._kept = self._kept_for = self._view = None
 
     def cut(self, result: ToolResultBlock, limit: int, job_id: str, turn: int) -> ToolResultBlock:
         if len(result.content) <= limit:

@@ -76,6 +76,31 @@ def test_a_compaction_replaces_what_it_covers() -> None:
     assert view[1].tool_calls[0].id == "c1"  # from `covers` on; the entry itself not sent
 
 
+def test_the_view_kept_turn_by_turn_is_the_view_built_afresh() -> None:
+    """The view is kept as messages are added: after each turn, a compaction, a long
+    result and a change of the cut, it is what a job reading the transcript anew sends;
+    and a request's list is its own (a later turn does not grow it)."""
+    messages = [Message(role="user", text="go", job_id="j1")]
+    ctx = job(messages, tool_result_context_chars=1000)
+    earlier: list[tuple[list[Message], list[Message]]] = []
+    for i in range(12):
+        messages += turn(i, "z" * 3000 if i % 4 == 1 else "ok")
+        if i == 6:
+            messages.append(Message(role="compaction", text="read 0-5", covers=9, job_id="j1"))
+        if i == 9:
+            ctx.s.settings.tool_result_context_chars = 500
+        view = ctx.view()
+        fresh = job(
+            list(messages), tool_result_context_chars=ctx.s.settings.tool_result_context_chars
+        )
+        assert view == fresh.view(), i
+        ctx.fixed_chars = fresh.fixed_chars = 0  # the system prompt and tools: none here
+        assert ctx.request_chars(view) == fresh.request_chars(fresh.view()), i
+        earlier.append((view, list(view)))
+    assert all(view == copy for view, copy in earlier)
+    assert earlier[-1][0][0].text == SUMMARY_HEAD + "read 0-5"
+
+
 @pytest.mark.parametrize("said", [0, 2000, 7000])
 @pytest.mark.parametrize("size", [10, 300, 1000, 3000, 9000])
 def test_compaction_never_cuts_between_a_call_and_its_result(size: int, said: int) -> None:
