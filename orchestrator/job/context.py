@@ -94,12 +94,11 @@ class JobContext(JobFinish):
     _turn_of: list[int]  # its job's model turn (a tool message: its calls' turn)
     _job_turns: dict[str, int]
     _latest: int = -1  # the latest compaction entry
-    _view: list[Message] | None = None  # the last view, and its characters
-    _view_chars: int = 0
-    # the view kept as messages are added: built for this list of messages, this latest
-    # compaction and this cut of tool results, from these messages' first `_kept_upto`
+    _view: list[Message] | None = None  # the last view (its characters: `_kept_chars`)
+    # the view kept as messages are added (dropped with the index, when a run reads the
+    # messages again): built for this latest compaction and this cut of tool results, from
+    # the messages' first `_kept_upto`
     _kept: list[Message] | None = None
-    _kept_for: list[Message] | None = None
     _kept_at: tuple[int, int] = (-1, -1)
     _kept_upto: int = 0
     _kept_chars: int = 0
@@ -116,7 +115,7 @@ class JobContext(JobFinish):
         if self.fixed_chars < 0:
             self.fixed_chars = len(self.system) + self.registry.described_chars(self.tools)
         if view is self._view:
-            return self.fixed_chars + self._view_chars
+            return self.fixed_chars + self._kept_chars
         return self.fixed_chars + sum(_chars(m) for m in view)
 
     def index(self) -> list[int]:
@@ -125,6 +124,7 @@ class JobContext(JobFinish):
         messages are added, so a turn reads only what is new."""
         if self._sized is not self.messages:  # a new run read them again
             self._sized, self._sizes, self._longest = self.messages, [], []
+            self._kept = None
             self._turn_of, self._job_turns, self._latest = [], {}, -1
         for i in range(len(self._sizes), len(self.messages)):
             m = self.messages[i]
@@ -157,8 +157,8 @@ class JobContext(JobFinish):
         limit = self.s.settings.tool_result_context_chars
         sizes, messages = self.index(), self.messages
         at = (self._latest, limit)
-        if self._kept is None or self._kept_for is not messages or self._kept_at != at:
-            self._kept, self._kept_for, self._kept_at = [], messages, at
+        if self._kept is None or self._kept_at != at:
+            self._kept, self._kept_at = [], at
             self._kept_upto, self._kept_chars = start, 0
             if self._latest >= 0:
                 head = Message(role="user", text=SUMMARY_HEAD + messages[self._latest].text)
@@ -180,12 +180,12 @@ class JobContext(JobFinish):
             kept.append(m)
         self._kept_upto, self._kept_chars = len(messages), chars
         out = list(kept)  # the request's own list: the kept one grows with the job
-        self._view, self._view_chars = out, chars  # what request_chars(out) is
+        self._view = out  # request_chars(out) is then known
         return out
 
     def release(self) -> None:
         super().release()
-        self._sized = self._kept = self._kept_for = self._view = None
+        self._sized = self._kept = self._view = None
 
     def cut(self, result: ToolResultBlock, limit: int, job_id: str, turn: int) -> ToolResultBlock:
         if len(result.content) <= limit:

@@ -96,9 +96,14 @@ def test_the_view_kept_turn_by_turn_is_the_view_built_afresh() -> None:
         assert view == fresh.view(), i
         ctx.fixed_chars = fresh.fixed_chars = 0  # the system prompt and tools: none here
         assert ctx.request_chars(view) == fresh.request_chars(fresh.view()), i
+        assert ctx.request_chars(view) == ctx.request_chars(list(view)), i  # counted anew
         earlier.append((view, list(view)))
     assert all(view == copy for view, copy in earlier)
     assert earlier[-1][0][0].text == SUMMARY_HEAD + "read 0-5"
+    again = job(messages[:5])  # a new run reads the transcript again
+    again.view()
+    again.messages = messages[:3]
+    assert again.view() == job(messages[:3]).view()
 
 
 @pytest.mark.parametrize("said", [0, 2000, 7000])
