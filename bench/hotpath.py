@@ -52,7 +52,8 @@ from broker import keys
 from broker.celery.app import create_app
 from broker.celery.publisher import task_message
 from broker.pg.store import INSERT_JOB, INSERT_SESSION, _job_params
-from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, FINAL_STATUSES, Event, JobSpec
+from broker.protocol import AGENT_RUN_TASK, AGENTS_QUEUE, Event, JobSpec
+from broker.redis import events
 from broker.redis.presence import live_processes
 
 TURNS = 10 + int(os.environ.get("BENCH_TURNS", "250")) // ROUNDS  # per job of (i): 10 warm up
@@ -194,6 +195,19 @@ def status(bench: Any, job_id: str) -> str:
     return str(row[0]) if row else ""
 
 
+def ended(bench: Any, job_id: str, timeout: float) -> None:
+    """Wait for the job's end as a client does, on its events stream: a poll of PostgreSQL
+    opened a connection every 100 ms, a new backend forked on the cores the turns share."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        for event in events.read(bench.redis, job_id, after=last, block_ms=1000):
+            last = event.id
+            if event.type == "job_finished":
+                return
+    raise TimeoutError(f"job {job_id} did not end in {timeout} s")
+
+
 def orchestrators(bench: Any) -> int:
     return sum(1 for p in live_processes(bench.redis) if p.get("kind") == "orchestrator")
 
@@ -205,9 +219,7 @@ READ = {"name": "list_files", "input": {}}
 WRITE = {"name": "write_file", "input": {"path": "out.txt", "content": "a line\n"}}
 
 
-def one_job(
-    bench: Any, wait_for: Any, workspace: str, call: dict[str, Any]
-) -> dict[str, list[float]]:
+def one_job(bench: Any, workspace: str, call: dict[str, Any]) -> dict[str, list[float]]:
     """One job of TURNS turns with `call` each, on the running stack: the time from one
     `turn_started` to the next, and within a turn start → queued → finished → the next
     start (the first ten turns warm up)."""
@@ -222,7 +234,7 @@ def one_job(
         permission_mode="acceptEdits",  # the write needs no approval
     )
     (job_id,) = submit_many(bench, [spec])
-    wait_for(lambda: status(bench, job_id) in FINAL_STATUSES, timeout=600)
+    ended(bench, job_id, timeout=600)
     if status(bench, job_id) != "completed":
         raise RuntimeError(f"(i)'s job ended {status(bench, job_id)}")
     started: list[float] = []
@@ -283,7 +295,7 @@ def one_turn(bench: Any, process: Any, wait_for: Any) -> tuple[Rounds, dict[str,
         with profiled(orch.pid):
             for _ in range(ROUNDS):
                 for path, call in ((TURN_READ, READ), (TURN_WRITE, WRITE)):
-                    found = one_job(bench, wait_for, workspace, call)
+                    found = one_job(bench, workspace, call)
                     rounds.add(path, statistics.median(found["turns"]) * 1e3)
                     for name, values in found.items():
                         parts[path].setdefault(name, []).extend(values)
