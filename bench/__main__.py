@@ -11,9 +11,10 @@ and two orchestrators, are `bench/hotpath.py`; (l), the cost of confinement, is
 messaging.py; (r), MCP progress, is bench/mcp_progress.py; (s), jobs waiting for a
 person, held in memory or parked, is bench/parked.py; (t), a replay against its original,
 is bench/replay.py; (u), what streaming model deltas cost the orchestrator, is
-bench/streaming.py. `python -m bench NAME …` runs sections alone: calls ((a), (b)),
-hotpath ((i) to (k)), turn ((i)), jobs ((j), (k)), confinement, web, api, memory, ui,
-messaging, mcp-progress, parked, replay, streaming.
+bench/streaming.py; (v), scrubbing a tool result, is bench/scrub.py. `python -m bench
+NAME …` runs sections alone: calls ((a), (b)), hotpath ((i) to (k)), turn ((i)), jobs ((j),
+(k)), confinement, web, api, memory, ui, messaging, mcp-progress, parked, replay,
+streaming, scrub.
 
 Runs against CLAWQ_REDIS_URL / CLAWQ_DATABASE_URL (default: the local services) in a Redis
 db and a PostgreSQL schema of its own, removed afterwards.
@@ -49,6 +50,7 @@ from bench import (
     messaging,
     parked,
     replay,
+    scrub,
     streaming,
     ui,
     web,
@@ -651,6 +653,7 @@ def main() -> None:
                 "parked": lambda: parked.run(console, bench, process, wait_for),
                 "replay": lambda: replay.run(console, bench, process, wait_for),
                 "streaming": lambda: streaming.run(console, bench, process, wait_for),
+                "scrub": lambda: scrub.run(console),
                 "calls": lambda: calls(bench),
                 "hotpath": lambda: hotpath.run(console, bench, process, wait_for),
                 "turn": lambda: hotpath.run(console, bench, process, wait_for, "i"),
@@ -769,6 +772,7 @@ def main() -> None:
         parked.run(console, bench, process, wait_for)
         replay.run(console, bench, process, wait_for)
         streaming.run(console, bench, process, wait_for)
+        scrub.run(console)
     finally:
         bench.close()
 

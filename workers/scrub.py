@@ -13,13 +13,18 @@ secret-like value, so prose that mentions a password or a token stays as it is.
 
 from __future__ import annotations
 
+import _sre
 import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from functools import cache
+from re import _casefix, _parser  # type: ignore[attr-defined]
+from re import _constants as sre  # type: ignore[attr-defined]
 from typing import Any
 from urllib.parse import urlsplit
+
+import re2
 
 from broker.config.settings import Settings
 
@@ -134,6 +139,36 @@ def _widened(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
+def _whole(text: str, match: re.Match[str]) -> tuple[int, int]:
+    return match.span()
+
+
+def _token(text: str, match: re.Match[str]) -> tuple[int, int]:
+    return _widened(text, *_secret_span(match))
+
+
+def _value(text: str, match: re.Match[str]) -> tuple[int, int]:
+    return match.span(1)
+
+
+def _after_name(text: str, match: re.Match[str]) -> tuple[int, int]:
+    return match.span(2)
+
+
+Span = Callable[[str, re.Match[str]], tuple[int, int]]
+
+
+@cache
+def rules() -> tuple[tuple[re.Pattern[str], Span], ...]:
+    """Every fixed pattern, with the part of its match that is the secret."""
+    return (
+        (PEM, _whole),
+        *((p, _token) for p in vendor_patterns()),
+        *((p, _value) for p in (HEADER, BEARER, JSON_SECRET)),
+        *((p, _after_name) for p in (ASSIGNMENT, URL_PASSWORD)),
+    )
+
+
 class Scrubber:
     """Redacts every secret it finds; built once per process, extended per call."""
 
@@ -142,7 +177,8 @@ class Scrubber:
         self.literal = (
             re.compile("|".join(map(re.escape, self.literals))) if self.literals else None
         )
-        self.vendor = vendor_patterns()
+        self.rules = rules()
+        self.prefilter = prefilter()
 
     def extended(self, literals: Iterable[str]) -> Scrubber:
         """This scrubber plus more literal values (one call's own secrets)."""
@@ -151,14 +187,9 @@ class Scrubber:
     def spans(self, text: str) -> Iterator[tuple[int, int]]:
         if self.literal:
             yield from (m.span() for m in self.literal.finditer(text))
-        yield from (m.span() for m in PEM.finditer(text))
-        for pattern in self.vendor:
-            for m in pattern.finditer(text):
-                yield _widened(text, *_secret_span(m))
-        for pattern in (HEADER, BEARER, JSON_SECRET):
-            yield from (m.span(1) for m in pattern.finditer(text))
-        for pattern in (ASSIGNMENT, URL_PASSWORD):
-            yield from (m.span(2) for m in pattern.finditer(text))
+        for index in self.prefilter.candidates(text):
+            pattern, span = self.rules[index]
+            yield from (span(text, m) for m in pattern.finditer(text))
 
     def values(self, value: Any) -> Any:
         """Every string inside `value` (a result's metadata: lists, dicts) scrubbed."""
@@ -187,6 +218,165 @@ class Scrubber:
             at = end
         out.append(text[at:])
         return "".join(out)
+
+
+# -- the prefilter: one linear pass over the text says which rules can match -------------
+#
+# Python's engine tries each of the ~40 patterns at every position of the text: 0.4 µs a
+# character (110 ms for a 256 KB read_file page), and 20 µs for the shortest result. RE2
+# matches them all at once, in time linear in the text, and answers which can match; only
+# those run, on Python's engine, so the spans are exactly what they were. A rule RE2 cannot
+# take always runs. The translation may only widen a pattern, never narrow it: assertions
+# (\b, anchors, lookarounds) are dropped, and Python's Unicode classes become Unicode
+# classes at least as wide (RE2's own \d, \s, \w are ASCII).
+
+POSITIVE = {  # a class in a match: RE2's form holds every character Python's does
+    sre.CATEGORY_DIGIT: r"\p{Nd}",
+    sre.CATEGORY_NOT_DIGIT: r"\D",
+    sre.CATEGORY_SPACE: r"\s\p{Z}\x0b\x1c-\x1f\x85",
+    sre.CATEGORY_NOT_SPACE: r"\S",
+    sre.CATEGORY_WORD: r"\p{L}\p{N}_",
+    sre.CATEGORY_NOT_WORD: r"\W",
+}
+NEGATED = {  # inside [^...]: RE2's form holds no character Python's does not
+    sre.CATEGORY_DIGIT: r"\d",
+    sre.CATEGORY_SPACE: r"\s",
+    sre.CATEGORY_WORD: r"\w",
+}
+RE2_MAX_REPEAT = 1000
+
+
+class Untranslatable(Exception):
+    """A construct RE2 has no superset for: the rule always runs."""
+
+
+def _char(code: int) -> str:
+    char = chr(code)
+    return char if char.isascii() and char.isalnum() else f"\\x{{{code:x}}}"
+
+
+@cache
+def _lowered_into() -> dict[int, tuple[int, ...]]:
+    """The characters whose lower case (one character, as Python's engine takes it) is
+    another, by that other, in the Basic Multilingual Plane, where every case pair of the
+    rules' characters lies."""
+    into: dict[int, list[int]] = {}
+    for code in range(0x10000):
+        if (lower := _sre.unicode_tolower(code)) != code:
+            into.setdefault(lower, []).append(code)
+    return {lower: tuple(codes) for lower, codes in into.items()}
+
+
+def _same_ignoring_case(code: int) -> list[int]:
+    """What Python's engine takes for `code` ignoring case that RE2's case folding may not
+    (U+0130 and U+0131 for i): the characters lowered into its lower case, and the engine's extra
+    cases."""
+    lower = _sre.unicode_tolower(code)
+    return [lower, *_lowered_into().get(lower, ()), *_casefix._EXTRA_CASES.get(lower, ())]
+
+
+def _class(items: list[tuple[Any, Any]], fold: bool = False) -> str:
+    negated = bool(items) and items[0][0] is sre.NEGATE
+    forms = NEGATED if negated else POSITIVE
+    out = []
+    for op, av in items[1:] if negated else items:
+        if op is sre.LITERAL:
+            out.append(_char(av))
+            if fold and not negated:
+                out += map(_char, _same_ignoring_case(av))
+        elif op is sre.RANGE:
+            out.append(f"{_char(av[0])}-{_char(av[1])}")
+            if fold and not negated and av[1] - av[0] < 256:
+                out += (_char(c) for x in range(av[0], av[1] + 1) for c in _same_ignoring_case(x))
+        elif op is sre.CATEGORY and av in forms:
+            out.append(forms[av])
+        else:
+            raise Untranslatable(f"{op} {av} in a class")
+    return f"[{'^' if negated else ''}{''.join(out)}]"
+
+
+def _re2(items: Any, flags: int) -> str:
+    """RE2 syntax matching wherever the parsed `items` match (perhaps more)."""
+    out = []
+    fold = bool(flags & re.IGNORECASE)
+    for op, av in items:
+        if op is sre.LITERAL:
+            form = _class([(op, av)], fold)
+        elif op is sre.NOT_LITERAL:
+            form = f"[^{_char(av)}]"
+        elif op is sre.IN:
+            form = _class(av, fold)
+        elif op is sre.CATEGORY:
+            form = _class([(op, av)])
+        elif op is sre.ANY:
+            form = r"(?s:.)" if flags & re.DOTALL else r"[^\n]"
+        elif op is sre.BRANCH:
+            form = "(?:" + "|".join(_re2(branch, flags) for branch in av[1]) + ")"
+        elif op is sre.SUBPATTERN:
+            _, added, removed, inner = av
+            form = "(?:" + _re2(inner, (flags | added) & ~removed) + ")"
+        elif op is sre.ATOMIC_GROUP:
+            form = "(?:" + _re2(av, flags) + ")"
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            low, high, inner = av
+            if low > RE2_MAX_REPEAT:
+                raise Untranslatable(f"a repeat of at least {low}")
+            top = "" if high == sre.MAXREPEAT or high > RE2_MAX_REPEAT else str(high)
+            form = f"(?:{_re2(inner, flags)}){{{low},{top}}}"
+        elif op in (sre.AT, sre.ASSERT, sre.ASSERT_NOT):
+            continue  # a condition less: a wider match
+        elif op is sre.GROUPREF:
+            form = r"(?s:.*)"  # whatever the group held
+        else:
+            raise Untranslatable(str(op))
+        if fold and op in (sre.LITERAL, sre.NOT_LITERAL, sre.IN):
+            form = f"(?i:{form})"
+        out.append(form)
+    return "".join(out)
+
+
+def re2_superset(pattern: re.Pattern[str]) -> str | None:
+    """RE2 syntax for a pattern that matches wherever `pattern` does, or None."""
+    try:
+        parsed = _parser.parse(pattern.pattern, pattern.flags)
+        return _re2(parsed, parsed.state.flags)
+    except Untranslatable:
+        return None
+
+
+class Prefilter:
+    """Which rules can match a text: the ones RE2 finds, and those it could not take."""
+
+    def __init__(self, patterns: Iterable[re.Pattern[str]]) -> None:
+        options = re2.Options()
+        options.never_capture = True
+        options.max_mem = 64 << 20
+        self.set = re2.Set.SearchSet(options)
+        self.always: list[int] = []
+        self.of_set: list[int] = []
+        for index, pattern in enumerate(patterns):
+            if (form := re2_superset(pattern)) is None:
+                self.always.append(index)
+            else:
+                self.set.Add(form)
+                self.of_set.append(index)
+        self.set.Compile()
+        self.every = range(len(self.always) + len(self.of_set))
+
+    def candidates(self, text: str) -> Iterable[int]:
+        try:
+            data = text.encode()
+        except UnicodeEncodeError:  # a lone surrogate: RE2 reads UTF-8 only
+            return self.every
+        found = self.set.Match(data)
+        if not found:
+            return self.always
+        return sorted([*self.always, *(self.of_set[i] for i in found)])
+
+
+@cache
+def prefilter() -> Prefilter:
+    return Prefilter(pattern for pattern, _ in rules())
 
 
 _log_scrubber: list[Callable[[], Scrubber]] = []
