@@ -75,7 +75,9 @@ def test_every_rule_is_translated() -> None:
 
 
 @pytest.mark.parametrize("index", range(len(rules())))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_a_text_a_rule_matches_reaches_that_rule(index: int, data: st.DataObject) -> None:
     """Texts made to match the rule, inside any other text: the prefilter names the rule."""
