@@ -187,9 +187,9 @@ class Scrubber:
     def spans(self, text: str) -> Iterator[tuple[int, int]]:
         if self.literal:
             yield from (m.span() for m in self.literal.finditer(text))
-        for index in self.prefilter.candidates(text):
-            pattern, span = self.rules[index]
-            yield from (span(text, m) for m in pattern.finditer(text))
+        for index, matches in self.prefilter.matches(text):
+            span = self.rules[index][1]
+            yield from (span(text, m) for m in matches)
 
     def values(self, value: Any) -> Any:
         """Every string inside `value` (a result's metadata: lists, dicts) scrubbed."""
@@ -345,33 +345,59 @@ def re2_superset(pattern: re.Pattern[str]) -> str | None:
 
 
 class Prefilter:
-    """Which rules can match a text: the ones RE2 finds, and those it could not take."""
+    """Which rules can match a text, and where: one pass of RE2 over the text for all the
+    rules; then, for each rule it names, the places its wider form matches, the only places
+    a match of the rule can start. Python's engine is tried there alone."""
 
     def __init__(self, patterns: Iterable[re.Pattern[str]]) -> None:
         options = re2.Options()
         options.never_capture = True
         options.max_mem = 64 << 20
         self.set = re2.Set.SearchSet(options)
-        self.always: list[int] = []
+        self.patterns = list(patterns)
+        self.always: list[int] = []  # rules RE2 cannot take, tried everywhere
         self.of_set: list[int] = []
-        for index, pattern in enumerate(patterns):
+        self.near: dict[int, Any] = {}  # a rule's wider form, where a match never is empty
+        for index, pattern in enumerate(self.patterns):
             if (form := re2_superset(pattern)) is None:
                 self.always.append(index)
-            else:
-                self.set.Add(form)
-                self.of_set.append(index)
+                continue
+            self.set.Add(form)
+            self.of_set.append(index)
+            if _parser.parse(pattern.pattern, pattern.flags).getwidth()[0] > 0:
+                self.near[index] = re2.compile(form, options)
         self.set.Compile()
-        self.every = range(len(self.always) + len(self.of_set))
 
-    def candidates(self, text: str) -> Iterable[int]:
+    def matches(self, text: str) -> Iterator[tuple[int, Iterable[re.Match[str]]]]:
+        """Each rule that can match `text`, with `finditer`'s matches of it."""
         try:
             data = text.encode()
         except UnicodeEncodeError:  # a lone surrogate: RE2 reads UTF-8 only
-            return self.every
-        found = self.set.Match(data)
-        if not found:
-            return self.always
-        return sorted([*self.always, *(self.of_set[i] for i in found)])
+            yield from ((i, p.finditer(text)) for i, p in enumerate(self.patterns))
+            return
+        found = self.set.Match(data) or ()
+        for index in sorted([*self.always, *(self.of_set[i] for i in found)]):
+            pattern = self.patterns[index]
+            near = self.near.get(index)
+            yield index, pattern.finditer(text) if near is None else _where(pattern, near, text)
+
+
+def _where(pattern: re.Pattern[str], near: Any, text: str) -> Iterator[re.Match[str]]:
+    """`pattern.finditer(text)`, trying Python's engine only inside the spans where RE2
+    matched the pattern's wider form `near`, leftmost first: a match of the pattern starts
+    inside one of them (where it starts, the wider form matches too, and the leftmost
+    match of the wider form starts there or before and, if it ends before, the next one
+    is looked for from its end). `match` at a position sees the text before it, as
+    `finditer` does; like it, the next match is looked for from the last one's end."""
+    after = 0
+    for found in near.finditer(text):
+        at = max(found.start(), after)
+        while at < found.end():
+            if (match := pattern.match(text, at)) is None:
+                at += 1
+                continue
+            yield match
+            after = at = match.end()  # never empty: `near` is only kept for such rules
 
 
 @cache
