@@ -1,6 +1,7 @@
 """(v) what scrubbing a tool result costs the worker: the scrubber as it runs (RE2 says in one
-pass which rules can match, and only those run) against every rule run on Python's engine,
-as it ran before, on the same texts, turn about in interleaved rounds, in process."""
+pass which rules can match and where, and Python's engine tries only those, only there)
+against every rule run on Python's engine over the whole text, as it ran before, on the
+same texts, turn about in interleaved rounds, in process."""
 
 from __future__ import annotations
 
@@ -60,5 +61,5 @@ def run(console: Console) -> None:
         rounds = Rounds(unit)
         for _ in range(ROUNDS):
             rounds.add("every rule, Python's engine (before)", timed(before, text, scale))
-            rounds.add("RE2 prefilter, then the rules it names", timed(now, text, scale))
+            rounds.add("RE2 prefilter, then the rules where it points", timed(now, text, scale))
         console.print(rounds.table(f"(v) scrubbing {name}", "every rule, Python's engine (before)"))

@@ -220,15 +220,16 @@ class Scrubber:
         return "".join(out)
 
 
-# -- the prefilter: one linear pass over the text says which rules can match -------------
+# -- the prefilter: one linear pass over the text says which rules can match, and where ----
 #
-# Python's engine tries each of the ~40 patterns at every position of the text: 0.4 µs a
+# Python's engine tried each of the ~40 patterns at every position of the text: 0.4 µs a
 # character (120 ms for a 256 KB read_file page), and 25 µs for the shortest result. RE2
-# matches them all at once, in time linear in the text, and answers which can match; only
-# those run, on Python's engine, so the spans are exactly what they were. A rule RE2 cannot
-# take always runs. The translation may only widen a pattern, never narrow it: assertions
-# (\b, anchors, lookarounds) are dropped, and Python's Unicode classes become Unicode
-# classes at least as wide (RE2's own \d, \s, \w are ASCII).
+# matches them all at once, in time linear in the text, and answers which can match; those
+# are tried on Python's engine where RE2 finds their wider form, so the spans are exactly
+# what they were. A rule RE2 cannot take is tried everywhere. The translation may only
+# widen a pattern, never narrow it: assertions (\b, anchors, lookarounds) are dropped, and
+# Python's Unicode classes become Unicode classes at least as wide (RE2's own \d, \s, \w
+# are ASCII).
 
 POSITIVE = {  # a class in a match: RE2's form holds every character Python's does
     sre.CATEGORY_DIGIT: r"\p{Nd}",
