@@ -18,6 +18,9 @@ import redis
 from broker.config.settings import Settings
 from broker.pg.store import Store
 
+# hypothesis keeps its caches (and would keep examples) under .hypothesis/ in the working
+# directory: the run's own temp dir instead, so the checkout is left as it was
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="clawq-hypothesis-"))
 REDIS_BASE = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
 PG_BASE = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TEST_DBS = range(1, 15)  # db 15 is the bench's (bench/__main__.py); db 0 holds the claims
