@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bench.rounds import ROUNDS, Rounds
-from workers.scrub import Scrubber, rules
+from workers.scrub import Scrubber
 
 PAGE = 256 * 1024  # read_file's page (read_max_bytes)
 REPEATS = int(os.environ.get("BENCH_SCRUB_REPEATS", "20"))
@@ -22,13 +22,9 @@ REPEATS = int(os.environ.get("BENCH_SCRUB_REPEATS", "20"))
 class EveryRule(Scrubber):
     """Each rule run on the whole text, whatever it holds: the scrubber before the prefilter."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.every = range(len(rules()))
-
     def spans(self, text: str):  # type: ignore[no-untyped-def]
-        for pattern, span in (self.rules[i] for i in self.every):
-            yield from (span(text, m) for m in pattern.finditer(text))
+        for index, matches in self.prefilter.everywhere(text):
+            yield from (self.rules[index][1](text, m) for m in matches)
 
 
 def texts() -> dict[str, str]:

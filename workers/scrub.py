@@ -374,13 +374,18 @@ class Prefilter:
         try:
             data = text.encode()
         except UnicodeEncodeError:  # a lone surrogate: RE2 reads UTF-8 only
-            yield from ((i, p.finditer(text)) for i, p in enumerate(self.patterns))
+            yield from self.everywhere(text)
             return
         found = self.set.Match(data) or ()
         for index in sorted([*self.always, *(self.of_set[i] for i in found)]):
             pattern = self.patterns[index]
             near = self.near.get(index)
             yield index, pattern.finditer(text) if near is None else _where(pattern, near, text)
+
+    def everywhere(self, text: str) -> Iterator[tuple[int, Iterable[re.Match[str]]]]:
+        """Every rule, tried at every position of `text`: what the scrubber did before the
+        prefilter, and does still with a text RE2 cannot read."""
+        return ((i, p.finditer(text)) for i, p in enumerate(self.patterns))
 
 
 def _where(pattern: re.Pattern[str], near: Any, text: str) -> Iterator[re.Match[str]]:
