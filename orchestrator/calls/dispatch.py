@@ -81,11 +81,14 @@ class Dispatcher(CallWatchdog):
         prelude: Callable[[Any], None] | None = None,
         admit: Callable[[Any, str, str], None] | None = None,
         pinned: str = "",
+        sent: asyncio.Future[None] | None = None,
     ) -> CallOutcome:
         """Send one call and wait for its outcome; `prelude` adds commands (the job's
         pending events) to the publish's round trip, and `admit` pushes the message only
         if the rate limit admits it (ratelimit.RateLimiter.push): else NotAdmitted.
         `pinned`: the process the call was routed to, holding its session's state.
+        `sent` is done once that round trip is over (or will not be made): a write that
+        must come after the prelude's commands waits for it.
 
         A call sent again (`envelope.resent`: a resumed turn) is first looked up in the hot
         ledger: done, its outcome is the answer; running, it is left to its runner (and to
@@ -95,16 +98,21 @@ class Dispatcher(CallWatchdog):
         pending = Pending(envelope, queue, asyncio.get_running_loop().create_future(), pinned)
         self.pending[key] = pending
         try:
-            if envelope.resent and (found := await self.existing(envelope)) is not None:
-                if found is not True:
-                    return found  # type: ignore[return-value]
-                if prelude is not None:  # held: not sent, the watchdog sees it recorded
-                    async with self.redis.pipeline(transaction=False) as pipe:
-                        prelude(pipe)
-                        await pipe.execute()
-                return await pending.future
-            pushed = await self._send(pending, prelude, admit)
-            if admit is not None and not pushed[0]:
+            pushed: Any = None
+            try:
+                if envelope.resent and (found := await self.existing(envelope)) is not None:
+                    if found is not True:
+                        return found  # type: ignore[return-value]
+                    if prelude is not None:  # held: not sent, the watchdog sees it recorded
+                        async with self.redis.pipeline(transaction=False) as pipe:
+                            prelude(pipe)
+                            await pipe.execute()
+                else:
+                    pushed = await self._send(pending, prelude, admit)
+            finally:
+                if sent is not None and not sent.done():
+                    sent.set_result(None)
+            if pushed is not None and admit is not None and not pushed[0]:
                 raise NotAdmitted(int(pushed[1]))
             return await pending.future
         finally:

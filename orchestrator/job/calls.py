@@ -4,6 +4,7 @@ events a client reads."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -201,10 +202,11 @@ class JobCalls(JobPeople):
                     self.pending.append(queued)
                 with tracing.span(f"call {ready.tool.name}", {"clawq.call": ready.call.id}):
                     envelope.trace = tracing.carrier()  # the worker's span is a child of this
+                    sent = asyncio.get_running_loop().create_future()
                     try:
                         await self.in_order()
                         outcome = await self.s.dispatcher.call(
-                            envelope, queue, self.take_pending, admit, pinned
+                            envelope, queue, self.carry_pending(sent), admit, pinned, sent
                         )
                     except NotAdmitted as refused:
                         limited = await self.gate.rate_limited(ready, refused.used)

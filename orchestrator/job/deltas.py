@@ -7,7 +7,10 @@ instants for every job of the process (multiples of the interval on the loop's c
 the deltas of many jobs streaming at once go in one Redis batch (broker/redis/autopipe.py)
 instead of one round trip each. One writer per turn sends its batches in order; while it
 waits on Redis the next batches gather and go together. The stream's TTL is set with the
-turn's first delta (the turn's other events set it again). Each delta says where its
+turn's first delta (the turn's other events set it again). The turn's start is on the
+stream before its first delta: in the same write when it still waits, else after the write
+that took it (its own, or a call's publish) is over; the model is asked without a round trip
+first. Each delta says where its
 text starts in the turn's reply (`offset`); a reply asked for again (failover) sends
 `reset` first, and the text starts again at 0. Deltas are events only: the transcript
 keeps the final text (`model_text`). Losing one to a Redis error is logged, not fatal: the
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
@@ -33,6 +36,10 @@ from orchestrator.job.preview import ChatPreview
 log = logging.getLogger("clawq.loop")
 
 
+class JobEvents(Protocol):
+    async def lead(self, pipe: Any) -> None: ...
+
+
 class TurnDeltas:
     def __init__(
         self,
@@ -41,9 +48,11 @@ class TurnDeltas:
         job_id: str,
         turn: int,
         preview: ChatPreview | None = None,
+        lead: JobEvents | None = None,
     ) -> None:
         self.redis = redis
         self.preview = preview
+        self.lead = lead  # the job's events, the turn's start among them: first on the stream
         self.job_id = job_id
         self.turn = turn  # as events count turns: from 1
         self.interval_s = settings.stream_delta_interval_ms / 1000
@@ -123,6 +132,9 @@ class TurnDeltas:
             batch, self.outbox = self.outbox, []
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
+                    if self.lead is not None:
+                        lead, self.lead = self.lead, None
+                        await lead.lead(pipe)
                     events.add(pipe, batch, None if self.ttl_set else self.ttl_s)
                     await pipe.execute()
                 self.ttl_set = True

@@ -196,9 +196,9 @@ class JobRun(JobContext):
                     asked = time.monotonic()
                     deltas = None
                     if s.settings.stream_model_deltas or self.preview is not None:
-                        await self.flush()  # the turn's start goes before its first delta
+                        # the turn's start rides on its first delta, or on its first call
                         deltas = TurnDeltas(
-                            s.redis, s.settings, self.job_id, turn + 1, self.preview
+                            s.redis, s.settings, self.job_id, turn + 1, self.preview, self
                         )
                     try:
                         reply, view = await self.ask(provider, turn, current, deltas)

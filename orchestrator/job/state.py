@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,7 @@ class JobState:
         self.pending: list[Event] = []  # events that ride on the job's next round trip
         self.held: asyncio.TimerHandle | None = None  # their own write, if that one is late
         self.sending: asyncio.Future[None] | None = None  # that write, in flight
+        self.carrying: asyncio.Future[None] | None = None  # a publish that took them, in flight
         self.looked_at = -math.inf  # when its cancel flag and inbox were last read (monotonic)
         self.finished = False  # its end is recorded and its lease given up
         self.writing: asyncio.Future[None] | None = None  # the transcript write in flight
@@ -198,6 +200,27 @@ class JobState:
     def take_pending(self, pipe: Any) -> None:
         """Put the pending events in `pipe`, first (after `in_order`)."""
         events.add(pipe, self.take_events(), self.s.settings.events_ttl_s)
+
+    def carry_pending(self, sent: asyncio.Future[None]) -> Callable[[Any], None]:
+        """`take_pending` for a call's publish, whose round trip is over once `sent` is
+        done: a write that must follow its events (`lead`) waits for it. Only such a
+        write does: calls sent together go out together."""
+
+        def take(pipe: Any) -> None:
+            self.take_pending(pipe)
+            self.carrying = sent
+
+        return take
+
+    async def lead(self, pipe: Any) -> None:
+        """Put the pending events first in `pipe`, once every round trip that took the
+        events before them is over (their own write, a call's publish): a turn's model
+        deltas come after its start on the stream, which goes with them if still pending."""
+        await self.in_order()
+        if self.carrying is not None:
+            carrying, self.carrying = self.carrying, None
+            await carrying
+        self.take_pending(pipe)
 
     async def flush(self) -> None:
         await self.in_order()
