@@ -11,11 +11,11 @@ turn's first delta (the turn's other events set it again). The turn's start is o
 stream before its first delta: in the same write when it still waits, else after the write
 that took it (its own, or a call's publish) is over; the model is asked without a round
 trip first. Each delta says where its text starts in the turn's reply (`offset`); a reply
-asked for again (failover) sends `reset` first, and the text starts again at 0. Deltas are events only: the transcript
-keeps the final text (`model_text`). Losing one to a Redis error is logged, not fatal: the
-final text still comes. A job whose answer is written live in its chat hands each batch to
-its preview as well (orchestrator/job/preview.py), also when `stream_model_deltas` is off
-(then no event is sent).
+asked for again (failover) sends `reset` first, and the text starts again at 0. Deltas are
+events only: the transcript keeps the final text (`model_text`). Losing one to a Redis error
+is logged, not fatal: the final text still comes. A job whose answer is written live in its
+chat hands each batch to its preview as well (orchestrator/job/preview.py), also when
+`stream_model_deltas` is off (then no event is sent).
 """
 
 from __future__ import annotations
