@@ -97,7 +97,6 @@ class TurnCalls:
         self.notes: dict[int, str] = {}  # what is added to a call's result (a loop warning)
         self.seen: set[str] = set()
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.going: list[asyncio.Task[None]] = []  # reads sent as soon as they come
         self.groups: dict[int, int] = {}  # call index → its parallel group
         self.group = 0
         self.last_unsafe: asyncio.Task[None] | None = None
@@ -136,8 +135,6 @@ class TurnCalls:
             asks = checked.asked is not None  # a person is asked once the turn is stored
             task = asyncio.ensure_future(self._after(before, index, checked, hold=asks))
             self.since_unsafe.append(task)
-            if not asks and not before:
-                self.going.append(task)
         else:
             before = [t for t in (self.last_unsafe, *self.since_unsafe) if t]
             self.group += 1
@@ -282,13 +279,6 @@ class TurnCalls:
         done = [self.outcomes[i] for i in self.sent if i in self.outcomes]
         await requests.keep_outcomes(self.run.s.store.pool, done)
         return await self.run.park()
-
-    def running(self) -> bool:
-        """Some call already goes (a read the stream delivered): one pass of the loop takes
-        it to its publish, which then leaves before the turn's write is built and sent
-        (their order in the loop: the write took 0.4 ms of the process before the publish
-        left, bench (i))."""
-        return any(not t.done() for t in self.going)
 
     def idle(self) -> bool:
         """Nothing of the turn runs: every call left waits for a person, or behind one."""
