@@ -123,6 +123,11 @@ class Tool(Generic[InputT]):
     # configuration is in force (workers/execute.py `runs_ahead`)
     uses_egress: ClassVar[bool] = False
 
+    # it reads its job's transcript (PostgreSQL): it is sent once the turn is stored, so it
+    # sees the turn and every result before it (a read otherwise starts as the model's
+    # stream delivers it, before the write that carries the previous turn's results)
+    reads_transcript: ClassVar[bool] = False
+
     # state held in one worker process (a browser): the tool pins its session there by
     # writing keys.pin(session, tool), and the orchestrator sends the session's later
     # calls to the pinned queue while that process lives

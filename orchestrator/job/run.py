@@ -218,6 +218,8 @@ class JobRun(JobContext):
                     self.answered_by(turn, reply)
                     if reply.text:
                         self.defer("model_text", turn=turn + 1, text=reply.text)
+                    if current.running():  # reads the stream started: published first
+                        await asyncio.sleep(0)
                     await self.append(reply, turn=turn)
                 except BaseException:
                     current.cut()  # not stored: what waited for it never goes

@@ -6,9 +6,10 @@ before it and everything after it waits for it. With a streaming model a call st
 soon as its block is complete, before the reply has ended, if it only reads: a call with
 an effect waits until the reply has ended and the turn is stored, so a turn is in the
 transcript before any of its effects is sent (an orchestrator that dies mid-stream has the
-model asked again, and only reads ran). When an exec fails, its still-running siblings are
-stopped (the error cascade). Results are recorded once, in the model's order, each under
-its original id.
+model asked again, and only reads ran). A read of the transcript itself waits too: it sees
+the turn and every result before it (they are written with the turn). When an exec
+fails, its still-running siblings are stopped (the error cascade). Results are recorded
+once, in the model's order, each under its original id.
 
 A call that needs a person (an approval, a question) asks once the turn is stored, and
 waits in memory for up to `park_after_s`; once nothing else of the turn runs, the turn
@@ -97,6 +98,7 @@ class TurnCalls:
         self.notes: dict[int, str] = {}  # what is added to a call's result (a loop warning)
         self.seen: set[str] = set()
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.going: list[asyncio.Task[None]] = []  # reads sent as soon as they come
         self.groups: dict[int, int] = {}  # call index → its parallel group
         self.group = 0
         self.last_unsafe: asyncio.Task[None] | None = None
@@ -132,9 +134,12 @@ class TurnCalls:
             return
         if checked.tool.concurrency_safe(checked.args):
             before = [self.last_unsafe] if self.last_unsafe else []
-            asks = checked.asked is not None  # a person is asked once the turn is stored
-            task = asyncio.ensure_future(self._after(before, index, checked, hold=asks))
+            # a person is asked, and the transcript read, once the turn is stored
+            hold = checked.asked is not None or checked.tool.reads_transcript
+            task = asyncio.ensure_future(self._after(before, index, checked, hold=hold))
             self.since_unsafe.append(task)
+            if not hold and not before:
+                self.going.append(task)
         else:
             before = [t for t in (self.last_unsafe, *self.since_unsafe) if t]
             self.group += 1
@@ -279,6 +284,13 @@ class TurnCalls:
         done = [self.outcomes[i] for i in self.sent if i in self.outcomes]
         await requests.keep_outcomes(self.run.s.store.pool, done)
         return await self.run.park()
+
+    def running(self) -> bool:
+        """A read the stream delivered is on its way: one pass of the loop takes it to its
+        publish, which then leaves before the turn's write is built and sent (the write
+        took 0.4 ms of the process before the publish left, bench (i)). What reads the
+        transcript is held for the write instead (`Tool.reads_transcript`)."""
+        return any(not t.done() for t in self.going)
 
     def idle(self) -> bool:
         """Nothing of the turn runs: every call left waits for a person, or behind one."""

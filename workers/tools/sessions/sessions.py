@@ -30,6 +30,7 @@ class SessionStatus(Tool[SessionStatusInput]):
     group = Group.sessions
     input_model = SessionStatusInput
     side_effect = SideEffect.read
+    reads_transcript = True
     default_permission = "allow"
     timeout_s = 15.0
 
@@ -58,6 +59,7 @@ class SessionsList(Tool[SessionsListInput]):
     group = Group.sessions
     input_model = SessionsListInput
     side_effect = SideEffect.read
+    reads_transcript = True
     default_permission = "allow"
     timeout_s = 15.0
 
@@ -85,6 +87,7 @@ class SessionsHistory(Tool[SessionsHistoryInput]):
     group = Group.sessions
     input_model = SessionsHistoryInput
     side_effect = SideEffect.read
+    reads_transcript = True
     default_permission = "allow"
     timeout_s = 15.0
 
