@@ -15,6 +15,21 @@ def test_write_then_read_numbers_lines(run_tool: Runner, workspace: Path) -> Non
     assert (workspace / "a/b.txt").read_text() == "one\ntwo\nthree\nfour\n"
 
 
+def test_a_shorter_write_replaces_the_whole_file(run_tool: Runner, workspace: Path) -> None:
+    """The new content is written over the old bytes, then the file is cut to its length:
+    no tail of the old content is left, and an empty write empties the file."""
+    (workspace / "f.txt").write_text("a much longer first version\n" * 3)
+    assert not run_tool("write_file", path="f.txt", content="short\n").is_error
+    assert (workspace / "f.txt").read_text() == "short\n"
+    assert not run_tool("write_file", path="f.txt", content="").is_error
+    assert (workspace / "f.txt").read_bytes() == b""
+    edited = run_tool("edit_file", path="a.txt", old_string="x", new_string="y")
+    assert edited.is_error  # (no such file: nothing written)
+    (workspace / "e.txt").write_text("keep this, drop a long tail\n")
+    run_tool("edit_file", path="e.txt", old_string=", drop a long tail", new_string="")
+    assert (workspace / "e.txt").read_text() == "keep this\n"
+
+
 def test_read_pages_with_offset_limit_and_footer(run_tool: Runner, workspace: Path) -> None:
     (workspace / "big.txt").write_text("".join(f"line {i}\n" for i in range(1, 101)))
     page = run_tool("read_file", path="big.txt", offset=10, limit=5)
