@@ -18,6 +18,11 @@ from wcmatch import glob as wcglob
 
 from workers.tool import ToolError
 
+
+class Missing(ToolError):
+    """The path does not exist (or a directory on its way)."""
+
+
 GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.DOTGLOB | wcglob.BRACE
 
 
@@ -162,7 +167,7 @@ class Workspace:
         except IsADirectoryError:
             raise ToolError(f"'{path}' is a directory") from None
         except FileNotFoundError:
-            raise ToolError(f"'{path}' does not exist") from None
+            raise Missing(f"'{path}' does not exist") from None
         except OSError as exc:
             raise ToolError(f"cannot open '{path}': {exc.strerror}") from None
         try:

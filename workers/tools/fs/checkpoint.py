@@ -8,31 +8,28 @@ after a turn (orchestrator/admin/fork.py). `exec` changes are not tracked."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, BinaryIO
 
 from broker.stores.artifacts import ArtifactError, ArtifactStore
 from workers.paths import Workspace
-from workers.tool import ToolContext, ToolError
+from workers.tool import ToolContext
 
 
-def keep_prior(ws: Workspace, path: str, ctx: ToolContext) -> dict[str, Any]:
-    """The checkpoint of `path` before this call changes it ({} when checkpoints are off
-    or there is no store here). A file too large, or one the store refused, is changed all
-    the same, and the checkpoint says why it holds no prior version."""
+def keep_prior(ws: Workspace, fh: BinaryIO, existed: bool, ctx: ToolContext) -> dict[str, Any]:
+    """The checkpoint of the file open as `fh` before this call changes it ({} when
+    checkpoints are off or there is no store here; no prior version when it did not
+    exist). A file too large, or one the store refused, is changed all the same, and the
+    checkpoint says why it holds no prior version."""
     settings = ctx.settings
     if not settings.checkpoints or ctx.store is None:
         return {}
-    real = ws.resolve(path, write=True)
+    real = os.readlink(f"/proc/self/fd/{fh.fileno()}")  # as opened: no second resolution
     point: dict[str, Any] = {"path": ws.relative(real), "prior": None}
-    if not os.path.lexists(real):
+    if not existed:
         return {"checkpoint": point}
-    try:
-        fd = ws.open(path, os.O_RDONLY)
-    except ToolError as exc:
-        return {"checkpoint": point | {"missing": str(exc)}}
     limit = settings.checkpoint_max_bytes
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(limit + 1)
+    fh.seek(0)
+    data = fh.read(limit + 1)
     if len(data) > limit:
         return {"checkpoint": point | {"missing": f"larger than {limit} bytes"}}
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, BinaryIO, ClassVar, Protocol
 
-from workers.paths import PROTECTED_DIRS, Workspace, path_rule_matches
+from workers.paths import PROTECTED_DIRS, Missing, Workspace, path_rule_matches
 from workers.tool import RuleKind, Tool, ToolContext, ToolError
 
 MAX_EDIT_BYTES = 16 * 1024 * 1024
@@ -54,10 +54,8 @@ class WriteRules(PathRules):
     writes = True
 
 
-def read_text(ws: Workspace, path: str, limit: int = MAX_EDIT_BYTES) -> str:
-    fd = ws.open(path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(limit + 1)
+def decoded(data: bytes, path: str, limit: int = MAX_EDIT_BYTES) -> str:
+    """A whole text file's bytes as text (up to `limit` bytes; binary refused)."""
     if len(data) > limit:
         raise ToolError(f"'{path}' is larger than {limit} bytes")
     if b"\x00" in data[:8192]:
@@ -65,16 +63,31 @@ def read_text(ws: Workspace, path: str, limit: int = MAX_EDIT_BYTES) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def write_text(ws: Workspace, path: str, text: str, *, append: bool = False) -> int:
-    """Append `text`, or replace the file's content with it: written over the old bytes,
-    then cut to its length. Not truncated first: ext4 flushes a file truncated to zero
-    when it is closed (`auto_da_alloc`), 0.1 ms a write on this machine's disk."""
+def open_to_change(
+    ws: Workspace, path: str, *, create: bool, append: bool = False
+) -> tuple[BinaryIO, bool]:
+    """`path` opened once to be read and written (created with its parents if `create`),
+    and whether it existed: its prior version is read through the descriptor that then
+    writes the new one (one path resolution, where a check and two opens made four)."""
+    flags = os.O_RDWR | (os.O_APPEND if append else 0)
+    try:
+        return os.fdopen(ws.open(path, flags, write=True), "r+b"), True
+    except Missing:
+        if not create:
+            raise
     ws.make_parents(path)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)
-    fd = ws.open(path, flags, write=True)
+    return os.fdopen(ws.open(path, flags | os.O_CREAT, write=True), "r+b"), False
+
+
+def put_text(fh: BinaryIO, text: str, *, append: bool = False) -> int:
+    """Append `text` (the file was opened to append), or replace the file's content with
+    it: written over the old bytes, then cut to its length. Not truncated first: ext4
+    flushes a file truncated to zero when it is closed (`auto_da_alloc`), 0.1 ms a write
+    on this machine's disk."""
     data = text.encode()
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        if not append:
-            fh.truncate()
+    if not append:
+        fh.seek(0)
+    fh.write(data)
+    if not append:
+        fh.truncate()
     return len(data)

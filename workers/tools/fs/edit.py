@@ -9,7 +9,14 @@ from pydantic import Field, model_validator
 from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, ToolResult
 from workers.tools.fs.checkpoint import keep_prior
-from workers.tools.fs.common import WriteRules, read_text, workspace, write_text
+from workers.tools.fs.common import (
+    MAX_EDIT_BYTES,
+    WriteRules,
+    decoded,
+    open_to_change,
+    put_text,
+    workspace,
+)
 from workers.tools.fs.intercept import ROUTED, Interceptor, routed, virtual_path
 
 
@@ -62,10 +69,11 @@ class EditFile(WriteRules, Tool[EditFileInput]):
             said, count = routed_to.edit(rel, ctx, change)
         else:
             ws = workspace(ctx)
-            ws.resolve(args.path, write=True)
-            updated, count = change(read_text(ws, args.path))
-            kept = keep_prior(ws, args.path, ctx)
-            write_text(ws, args.path, updated)
+            fh, _ = open_to_change(ws, args.path, create=False)
+            with fh:
+                updated, count = change(decoded(fh.read(MAX_EDIT_BYTES + 1), args.path))
+                kept = keep_prior(ws, fh, True, ctx)
+                put_text(fh, updated)
             said = f"edited {args.path}"
         return ToolResult(
             for_llm=f"replaced {count} occurrence{'s' if count > 1 else ''} in {args.path}",

@@ -9,7 +9,7 @@ from pydantic import Field
 from broker.protocol import Group
 from workers.tool import SideEffect, Tool, ToolContext, ToolInput, ToolResult
 from workers.tools.fs.checkpoint import keep_prior
-from workers.tools.fs.common import WriteRules, workspace, write_text
+from workers.tools.fs.common import WriteRules, open_to_change, put_text, workspace
 from workers.tools.fs.intercept import ROUTED, Interceptor, routed, virtual_path
 
 
@@ -38,8 +38,10 @@ class WriteFile(WriteRules, Tool[WriteFileInput]):
             said = routed_to.write(rel, args.content, ctx, append=args.append)
             return ToolResult(for_llm=said, for_user=said)
         ws = workspace(ctx)
-        kept = keep_prior(ws, args.path, ctx)
-        size = write_text(ws, args.path, args.content, append=args.append)
+        fh, existed = open_to_change(ws, args.path, create=True, append=args.append)
+        with fh:
+            kept = keep_prior(ws, fh, existed, ctx)
+            size = put_text(fh, args.content, append=args.append)
         verb = "appended" if args.append else "wrote"
         return ToolResult(
             for_llm=f"{verb} {size} bytes to {args.path}",
