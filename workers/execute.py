@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from workers.confine.sandbox import Sandbox
 from workers.outcomes import Claim, Outcomes, call_key
 from workers.registry import Registry
 from workers.scrub import Scrubber, scrub_logs, secrets_of
-from workers.tool import SideEffect, ToolContext, ToolError, ToolResult
+from workers.tool import NotClaimed, SideEffect, ToolContext, ToolError, ToolResult
 from workers.upkeep import Upkeep
 
 log = logging.getLogger("clawq.worker")
@@ -63,6 +64,9 @@ class WorkerRuntime(Upkeep):
     _store: Store | None = None
     _celery: Celery | None = None
     _reloading: threading.Lock = field(default_factory=threading.Lock)
+    claims: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="clawq-claim")
+    )
     _retry_at: float = 0.0
 
     @classmethod
@@ -98,6 +102,7 @@ class WorkerRuntime(Upkeep):
         )
         runtime.held = held
         runtime.base_settings = settings
+        runtime.claims = ThreadPoolExecutor(threads, thread_name_prefix="clawq-claim")
         scrub_logs(lambda: runtime.scrub)  # what this process logs is scrubbed as results are
         outcomes.start_replaying()
         from broker.config import live as live_config
@@ -158,15 +163,20 @@ class WorkerRuntime(Upkeep):
             time.time(),
         )
         ahead: ToolResult | None = None
+        ran: ToolResult | None = None
         if self.runs_ahead(envelope):
             found = self.run_ahead(envelope, claim, queue)
             if isinstance(found, CallOutcome):
                 return found
             begun, ahead = found
+        elif self.waits_for_claim(envelope):
+            begun, ran = self.run_claiming(envelope, claim)
         else:
             begun = self.outcomes.begin(*claim)
         if self.follow_config(begun.config_version):  # moved: a read ahead ran under the old
             ahead = None
+        if ran is not None:  # (it acted once the claim let it)
+            ahead = ran
         started = time.time()
         if begun.verdict == "done":
             self.outcomes.push(envelope.reply_to, begun.detail)  # a lost reply is re-sent
@@ -186,8 +196,8 @@ class WorkerRuntime(Upkeep):
             result = ahead
         else:
             result = self.traced(envelope, begun.cancelled)
-            if begun.again and not self.is_read(envelope) and not begun.cancelled:
-                result = result.model_copy(update={"for_llm": RAN_AGAIN + result.for_llm})
+        if begun.again and not self.is_read(envelope) and not begun.cancelled:
+            result = result.model_copy(update={"for_llm": RAN_AGAIN + result.for_llm})
         outcome = self.outcome(envelope, result, queue, attempts, started)
         count(envelope, outcome)
         self.outcomes.record(
@@ -236,6 +246,35 @@ class WorkerRuntime(Upkeep):
             return outcome
         return begun, result
 
+    def run_claiming(self, envelope: CallEnvelope, claim: Claim) -> tuple[Begin, ToolResult | None]:
+        """Run a tool that `waits_for_claim` while its claim is out (on a thread of the
+        process's own): the verdict, and the result if the claim let it act (its run
+        waited for the verdict at `ToolContext.claimed`)."""
+        verdict = self.claims.submit(self.outcomes.begin, *claim)
+
+        def claimed() -> None:
+            begun = verdict.result()
+            if begun.verdict != "run" or begun.cancelled:
+                raise NotClaimed(begun.verdict)
+
+        try:
+            result = self.traced(envelope, claimed=claimed)
+        except NotClaimed:
+            return verdict.result(), None
+        begun = verdict.result()  # (a run that failed before it asked: the verdict decides)
+        return begun, result if begun.verdict == "run" and not begun.cancelled else None
+
+    def waits_for_claim(self, envelope: CallEnvelope) -> bool:
+        """Whether the call's tool runs while its claim is out (`Tool.waits_for_claim`), on
+        its first delivery, not yet expired."""
+        tool = self.registry.declared(envelope.tool)
+        return (
+            tool is not None
+            and tool.waits_for_claim
+            and not envelope.resent
+            and time.time() <= envelope.deadline
+        )
+
     def is_read(self, envelope: CallEnvelope) -> bool:
         tool = self.registry.declared(envelope.tool)
         return tool is not None and tool.side_effect == SideEffect.read
@@ -253,13 +292,15 @@ class WorkerRuntime(Upkeep):
             and time.time() <= envelope.deadline
         )
 
-    def traced(self, envelope: CallEnvelope, revoked: str = "") -> ToolResult:
+    def traced(
+        self, envelope: CallEnvelope, revoked: str = "", claimed: Callable[[], None] | None = None
+    ) -> ToolResult:
         with tracing.span(
             f"execute {envelope.tool}",
             {"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
             parent=envelope.trace,
         ):
-            return self.execute(envelope, revoked)
+            return self.execute(envelope, revoked, claimed)
 
     def dead_letter(self, envelope: CallEnvelope, attempts: int) -> None:
         """The call used up its deliveries: keep it, with its envelope, for `clawq dlq`.
@@ -286,9 +327,12 @@ class WorkerRuntime(Upkeep):
         except Exception as exc:
             log.error("dead letter for an undecodable %s not stored: %s", task, exc)
 
-    def execute(self, envelope: CallEnvelope, revoked: str = "") -> ToolResult:
+    def execute(
+        self, envelope: CallEnvelope, revoked: str = "", claimed: Callable[[], None] | None = None
+    ) -> ToolResult:
         """Run the tool unless it expired or was revoked (`revoked`: the cancel flag the
-        ledger's begin read) while it waited in the queue."""
+        ledger's begin read) while it waited in the queue (`claimed`: the claim it waits
+        for itself, NotClaimed passing through)."""
         if time.time() > envelope.deadline:
             return ToolResult.error(f"{envelope.tool} expired in the queue before a worker took it")
         if revoked:
@@ -309,6 +353,8 @@ class WorkerRuntime(Upkeep):
             proc_id=self.proc_id,
             scrub=self.scrub,
         )
+        if claimed is not None:
+            ctx.claimed = claimed
         return run_tool(self.registry, envelope.tool, envelope.input, ctx)
 
     def store(self) -> Store:
@@ -347,6 +393,8 @@ def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) ->
     tool, args = parsed
     try:
         return tool.run(args, ctx)
+    except NotClaimed:
+        raise  # not the tool's failure: the ledger's verdict says what follows
     except ToolError as exc:
         return ToolResult.error(str(exc))
     except Exception as exc:  # a tool bug or a time limit: the model still gets an answer

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from broker.config.settings import Settings
-from broker.errors import RunError
+from broker.errors import RunError, Signal
 from broker.protocol import CallContext, Group
 from workers.confine.sandbox import Sandbox
 
@@ -58,6 +58,11 @@ class ToolResult(BaseModel):
         return cls(for_llm=message, for_user=message, is_error=True, metadata=metadata)
 
 
+class NotClaimed(Signal):
+    """The ledger did not let this process run the call (run elsewhere, done, revoked):
+    a tool that `waits_for_claim` stops here, before its first effect."""
+
+
 class ToolError(RunError):
     """Raised inside a tool for a failure the model can act on; becomes an error result."""
 
@@ -79,6 +84,9 @@ class ToolContext:
     cancelled: Callable[[], str | None] = lambda: None  # why to stop now, or None
     proc_id: str = ""  # this executing process (its heartbeat key), for pinned tools
     scrub: Scrubber | None = None  # this process's: for what a tool sends while it runs
+    # returns once the ledger lets this process run the call (NotClaimed otherwise): a tool
+    # that `waits_for_claim` calls it before its first effect; for the others, a no-op
+    claimed: Callable[[], None] = lambda: None
 
     def keep_artifact(self, data: bytes, mime: str, name: str = "", **facts: Any) -> Any:
         """Store `data` as an artifact of this call's user, session and job (`facts`:
@@ -117,6 +125,11 @@ class Tool(Generic[InputT]):
 
     # a failure here means shared state is not as expected: running siblings are stopped
     cascades_on_error: ClassVar[bool] = False
+
+    # its run begins while its claim is out, and waits for it (`ToolContext.claimed`)
+    # before its first effect: what it does before is harmless if the ledger then says the
+    # call is not this process's to run (a write's checkpoint overlaps the round trip)
+    waits_for_claim: ClassVar[bool] = False
 
     # it reaches the network through the egress guard, whose domain lists are live
     # configuration: even as a read, it never runs before its claim has said which

@@ -1,5 +1,6 @@
-"""A read's first delivery runs before its claim, which goes with its outcome; everything
-else runs only after the ledger's verdict. On a real Redis, in a worker's runtime."""
+"""A read's first delivery runs before its claim, which goes with its outcome; a tool that
+waits for its claim itself does its harmless part while the claim is out; everything else
+runs only after the ledger's verdict. On a real Redis, in a worker's runtime."""
 
 from __future__ import annotations
 
@@ -47,6 +48,22 @@ class CountedWrite(CountedRead):
         return ToolResult(for_llm="fresh")
 
 
+class ClaimingWrite(CountedRead):
+    """Prepares (counted) while its claim is out, acts (counted) once the claim lets it."""
+
+    name = "claiming_write"
+    side_effect = SideEffect.write
+    waits_for_claim = True
+
+    def run(self, args: CountInput, ctx: ToolContext) -> ToolResult:
+        with open(RUNS / "prepared", "a") as fh:
+            fh.write("x")
+        ctx.claimed()
+        with open(RUNS / "acted", "a") as fh:
+            fh.write("x")
+        return ToolResult(for_llm="fresh")
+
+
 class SlowRead(CountedRead):
     name = "slow_read"
 
@@ -59,7 +76,7 @@ class SlowRead(CountedRead):
 def runtime(isolated: Isolated, tmp_path: Path) -> Iterator[WorkerRuntime]:
     global RUNS
     RUNS = tmp_path
-    tools = Registry([CountedRead, CountedWrite, SlowRead])
+    tools = Registry([CountedRead, CountedWrite, SlowRead, ClaimingWrite])
     rt = WorkerRuntime.start(isolated.settings, tools, "fs", "n")
     yield rt
     rt.stop()
@@ -184,3 +201,32 @@ def test_a_read_claimed_with_its_outcome_or_while_it_runs_long(runtime: WorkerRu
     assert found[0] is not None and (found[0].for_llm, found[0].attempts) == ("slow", 1)
     assert runtime.redis.hmget(call, ["status", "attempts"]) == [b"done", b"1"]
     assert replies(runtime.redis) == ["slow", "fresh"]  # pushed to the head
+
+
+def test_a_tool_that_waits_for_its_claim_acts_only_when_the_ledger_lets_it(
+    runtime: WorkerRuntime,
+) -> None:
+    """It prepares while its claim is out, every time; it acts once, on the delivery the
+    ledger lets run. Revoked, answered already, or running elsewhere: it never acts."""
+    first = runtime.run_call(envelope("claiming_write", "w"))
+    assert first is not None and (first.for_llm, first.attempts) == ("fresh", 1)
+    assert (runs("prepared"), runs("acted")) == (1, 1)
+    runtime.redis.delete("replies")
+    assert runtime.run_call(envelope("claiming_write", "w")) is None  # delivered twice
+    assert replies(runtime.redis) == ["fresh"]  # answered from the ledger
+    assert (runs("prepared"), runs("acted")) == (2, 1)
+
+    runtime.ledger.begin("j", 0, "busy", "a-live-proc", 3, time.time())
+    runtime.redis.set(keys.proc("a-live-proc"), "{}")
+    assert runtime.run_call(envelope("claiming_write", "busy")) is None  # left to its runner
+    assert (runs("prepared"), runs("acted")) == (3, 1)
+
+    runtime.redis.set(keys.cancel_call("j", 0, "c"), "stopped by the user")
+    revoked = runtime.run_call(envelope("claiming_write", "c"))
+    assert revoked is not None and revoked.is_error and "stopped by the user" in revoked.for_llm
+    assert (runs("prepared"), runs("acted")) == (4, 1)
+
+    runtime.ledger.begin("j", 0, "again", "dead", 3, time.time())  # begun by a dead process
+    again = runtime.run_call(envelope("claiming_write", "again"))
+    assert again is not None and again.attempts == 2
+    assert again.for_llm.startswith("[ran again after its worker died") and runs("acted") == 2

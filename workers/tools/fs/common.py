@@ -64,17 +64,19 @@ def decoded(data: bytes, path: str, limit: int = MAX_EDIT_BYTES) -> str:
 
 
 def open_to_change(
-    ws: Workspace, path: str, *, create: bool, append: bool = False
+    ws: Workspace, path: str, ctx: ToolContext, *, create: bool, append: bool = False
 ) -> tuple[BinaryIO, bool]:
-    """`path` opened once to be read and written (created with its parents if `create`),
-    and whether it existed: its prior version is read through the descriptor that then
-    writes the new one (one path resolution, where a check and two opens made four)."""
+    """`path` opened once to be read and written (created with its parents if `create`,
+    once the call's claim lets it act), and whether it existed: its prior version is read
+    through the descriptor that then writes the new one (one path resolution, where a
+    check and two opens made four)."""
     flags = os.O_RDWR | (os.O_APPEND if append else 0)
     try:
         return os.fdopen(ws.open(path, flags, write=True), "r+b"), True
     except Missing:
         if not create:
             raise
+    ctx.claimed()
     ws.make_parents(path)
     return os.fdopen(ws.open(path, flags | os.O_CREAT, write=True), "r+b"), False
 

@@ -46,6 +46,7 @@ class EditFile(WriteRules, Tool[EditFileInput]):
     side_effect = SideEffect.write
     default_permission = "allow"  # contained in the workspace; .git/ stays protected
     timeout_s = 30.0
+    waits_for_claim = True  # its checkpoint is stored while its claim is out
 
     interceptors: ClassVar[tuple[Interceptor, ...]] = ROUTED
 
@@ -65,14 +66,16 @@ class EditFile(WriteRules, Tool[EditFileInput]):
 
         kept: dict[str, Any] = {}
         if routed_to := routed(self.interceptors, args.path, ctx):
+            ctx.claimed()
             rel = virtual_path(args.path, ctx.context.workspace) or args.path
             said, count = routed_to.edit(rel, ctx, change)
         else:
             ws = workspace(ctx)
-            fh, _ = open_to_change(ws, args.path, create=False)
+            fh, _ = open_to_change(ws, args.path, ctx, create=False)
             with fh:
                 updated, count = change(decoded(fh.read(MAX_EDIT_BYTES + 1), args.path))
-                kept = keep_prior(ws, fh, True, ctx)
+                kept = keep_prior(ws, fh, True, ctx)  # while the claim is out
+                ctx.claimed()
                 put_text(fh, updated)
             said = f"edited {args.path}"
         return ToolResult(

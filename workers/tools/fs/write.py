@@ -29,18 +29,21 @@ class WriteFile(WriteRules, Tool[WriteFileInput]):
     side_effect = SideEffect.write
     default_permission = "allow"  # contained in the workspace; .git/ stays protected
     timeout_s = 30.0
+    waits_for_claim = True  # its checkpoint is stored while its claim is out
 
     interceptors: ClassVar[tuple[Interceptor, ...]] = ROUTED
 
     def run(self, args: WriteFileInput, ctx: ToolContext) -> ToolResult:
         if routed_to := routed(self.interceptors, args.path, ctx):
+            ctx.claimed()
             rel = virtual_path(args.path, ctx.context.workspace) or args.path
             said = routed_to.write(rel, args.content, ctx, append=args.append)
             return ToolResult(for_llm=said, for_user=said)
         ws = workspace(ctx)
-        fh, existed = open_to_change(ws, args.path, create=True, append=args.append)
+        fh, existed = open_to_change(ws, args.path, ctx, create=True, append=args.append)
         with fh:
-            kept = keep_prior(ws, fh, existed, ctx)
+            kept = keep_prior(ws, fh, existed, ctx)  # while the claim is out
+            ctx.claimed()
             size = put_text(fh, args.content, append=args.append)
         verb = "appended" if args.append else "wrote"
         return ToolResult(
