@@ -23,17 +23,16 @@ from broker import keys, outage
 from broker.celery.app import create_app
 from broker.config.settings import Settings
 from broker.obs import tracing
-from broker.obs.metrics import metrics
 from broker.pg.store import Store
 from broker.protocol import CallEnvelope, CallOutcome
-from broker.redis.ledger import Begin, Ledger
+from broker.redis.ledger import Ledger
 from broker.redis.presence import Heartbeat, process_id
 from workers.confine import host as confine
 from workers.confine.sandbox import Sandbox
-from workers.outcomes import Claim, Outcomes, call_key
+from workers.outcomes import Claim, Claiming, Outcomes, call_key, count
 from workers.registry import Registry
 from workers.scrub import Scrubber, scrub_logs, secrets_of
-from workers.tool import NotClaimed, SideEffect, ToolContext, ToolError, ToolResult
+from workers.tool import NotClaimed, ToolContext, ToolError, ToolResult
 from workers.upkeep import Upkeep
 
 log = logging.getLogger("clawq.worker")
@@ -45,7 +44,7 @@ RAN_AGAIN = (
 
 
 @dataclass
-class WorkerRuntime(Upkeep):
+class WorkerRuntime(Upkeep, Claiming):
     """What one executing process holds: its identity, Redis, ledger, heartbeat."""
 
     settings: Settings
@@ -227,71 +226,6 @@ class WorkerRuntime(Upkeep):
             started_at=started,
         )
 
-    def run_ahead(
-        self, envelope: CallEnvelope, claim: Claim, queue: str
-    ) -> CallOutcome | tuple[Begin, ToolResult]:
-        """Run a read, then claim it with its outcome: the outcome when that recorded it
-        (one round trip), else the claim's verdict and the result."""
-        version, started = self.config_version, time.time()
-        with self.outcomes.running_unclaimed(claim) as running:
-            result = self.traced(envelope)
-        if running.verdict is not None:  # it ran long, and was claimed meanwhile
-            return running.verdict.result(), result
-        outcome = self.outcome(envelope, result, queue, 1, started)
-        begun = self.outcomes.begin_finish(
-            claim, version, envelope.reply_to, outcome.model_dump_json()
-        )
-        if begun.verdict == "recorded":
-            count(envelope, outcome)
-            return outcome
-        return begun, result
-
-    def run_claiming(self, envelope: CallEnvelope, claim: Claim) -> tuple[Begin, ToolResult | None]:
-        """Run a tool that `waits_for_claim` while its claim is out (on a thread of the
-        process's own): the verdict, and the result if the claim let it act (its run
-        waited for the verdict at `ToolContext.claimed`)."""
-        verdict = self.claims.submit(self.outcomes.begin, *claim)
-
-        def claimed() -> None:
-            begun = verdict.result()
-            if begun.verdict != "run" or begun.cancelled:
-                raise NotClaimed(begun.verdict)
-
-        try:
-            result = self.traced(envelope, claimed=claimed)
-        except NotClaimed:
-            return verdict.result(), None
-        begun = verdict.result()  # (a run that failed before it asked: the verdict decides)
-        return begun, result if begun.verdict == "run" and not begun.cancelled else None
-
-    def waits_for_claim(self, envelope: CallEnvelope) -> bool:
-        """Whether the call's tool runs while its claim is out (`Tool.waits_for_claim`), on
-        its first delivery, not yet expired."""
-        tool = self.registry.declared(envelope.tool)
-        return (
-            tool is not None
-            and tool.waits_for_claim
-            and not envelope.resent
-            and time.time() <= envelope.deadline
-        )
-
-    def is_read(self, envelope: CallEnvelope) -> bool:
-        tool = self.registry.declared(envelope.tool)
-        return tool is not None and tool.side_effect == SideEffect.read
-
-    def runs_ahead(self, envelope: CallEnvelope) -> bool:
-        """Whether the call may run before the ledger's verdict: a declared read that does
-        not reach the network (the verdict says which live configuration is in force), on
-        its first delivery, not yet expired."""
-        tool = self.registry.declared(envelope.tool)
-        return (
-            tool is not None
-            and tool.side_effect == SideEffect.read
-            and not tool.uses_egress
-            and not envelope.resent
-            and time.time() <= envelope.deadline
-        )
-
     def traced(
         self, envelope: CallEnvelope, revoked: str = "", claimed: Callable[[], None] | None = None
     ) -> ToolResult:
@@ -372,17 +306,6 @@ class WorkerRuntime(Upkeep):
     def stop(self) -> None:
         self.outcomes.stopped.set()
         self.heartbeat.stop()
-
-
-def count(envelope: CallEnvelope, outcome: CallOutcome) -> None:
-    """The metrics of a call whose outcome is final."""
-    m, started = metrics(), outcome.started_at
-    if envelope.sent_at:
-        m.queue_wait.labels(outcome.queue).observe(max(0.0, started - envelope.sent_at))
-    if outcome.attempts > 1:
-        m.redeliveries.labels(outcome.queue).inc()
-    m.calls.labels(envelope.tool, "error" if outcome.is_error else "ok").inc()
-    m.call_seconds.labels(envelope.tool).observe(time.time() - started)
 
 
 def run_tool(registry: Registry, name: str, raw_input: Any, ctx: ToolContext) -> ToolResult:

@@ -14,7 +14,9 @@ off its queue, and only this process knows of it.
 A read runs before its claim, which then goes with its outcome in one step
 (`begin_finish`); while it runs it is listed as `unclaimed`, and one still running after
 `read_claim_after_s` is claimed on its own (`claim_long_reads`), so the ledger says who
-runs it as for any call.
+runs it as for any call. A tool that `waits_for_claim` runs while its claim is out, and
+acts only once the verdict lets it (`Claiming`, the part of the worker's runtime that says
+when a call runs against its claim).
 """
 
 from __future__ import annotations
@@ -27,15 +29,19 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
 from broker import outage
+from broker.obs.metrics import metrics
+from broker.protocol import CallEnvelope, CallOutcome
 from broker.redis.ledger import Begin, Ledger
+from workers.registry import Registry
+from workers.tool import NotClaimed, SideEffect, ToolResult
 
 log = logging.getLogger("clawq.outcomes")
 
@@ -240,3 +246,100 @@ class Outcomes:
                     self.replay()
             except Exception:
                 log.exception("replaying the spool failed; trying again shortly")
+
+
+def count(envelope: CallEnvelope, outcome: CallOutcome) -> None:
+    """The metrics of a call whose outcome is final."""
+    m, started = metrics(), outcome.started_at
+    if envelope.sent_at:
+        m.queue_wait.labels(outcome.queue).observe(max(0.0, started - envelope.sent_at))
+    if outcome.attempts > 1:
+        m.redeliveries.labels(outcome.queue).inc()
+    m.calls.labels(envelope.tool, "error" if outcome.is_error else "ok").inc()
+    m.call_seconds.labels(envelope.tool).observe(time.time() - started)
+
+
+class Claiming:
+    """When a call runs against its claim: after the verdict (any call), before it (a
+    read's first delivery, claimed with its outcome), or beside it (a tool that
+    `waits_for_claim`, acting only once the verdict lets it). A part of `WorkerRuntime`."""
+
+    registry: Registry
+    outcomes: Outcomes
+    claims: ThreadPoolExecutor
+    config_version: int
+
+    def traced(
+        self, envelope: CallEnvelope, revoked: str = "", claimed: Callable[[], None] | None = None
+    ) -> ToolResult:
+        raise NotImplementedError
+
+    def outcome(
+        self, envelope: CallEnvelope, result: ToolResult, queue: str, attempts: int, started: float
+    ) -> CallOutcome:
+        raise NotImplementedError
+
+    def run_ahead(
+        self, envelope: CallEnvelope, claim: Claim, queue: str
+    ) -> CallOutcome | tuple[Begin, ToolResult]:
+        """Run a read, then claim it with its outcome: the outcome when that recorded it
+        (one round trip), else the claim's verdict and the result."""
+        version, started = self.config_version, time.time()
+        with self.outcomes.running_unclaimed(claim) as running:
+            result = self.traced(envelope)
+        if running.verdict is not None:  # it ran long, and was claimed meanwhile
+            return running.verdict.result(), result
+        outcome = self.outcome(envelope, result, queue, 1, started)
+        begun = self.outcomes.begin_finish(
+            claim, version, envelope.reply_to, outcome.model_dump_json()
+        )
+        if begun.verdict == "recorded":
+            count(envelope, outcome)
+            return outcome
+        return begun, result
+
+    def run_claiming(self, envelope: CallEnvelope, claim: Claim) -> tuple[Begin, ToolResult | None]:
+        """Run a tool that `waits_for_claim` while its claim is out (on a thread of the
+        process's own): the verdict, and the result if the claim let it act (its run
+        waited for the verdict at `ToolContext.claimed`)."""
+        verdict = self.claims.submit(self.outcomes.begin, *claim)
+
+        def claimed() -> None:
+            begun = verdict.result()
+            if begun.verdict != "run" or begun.cancelled:
+                raise NotClaimed(begun.verdict)
+
+        try:
+            result = self.traced(envelope, claimed=claimed)
+        except NotClaimed:
+            return verdict.result(), None
+        begun = verdict.result()  # (a run that failed before it asked: the verdict decides)
+        return begun, result if begun.verdict == "run" and not begun.cancelled else None
+
+    def waits_for_claim(self, envelope: CallEnvelope) -> bool:
+        """Whether the call's tool runs while its claim is out (`Tool.waits_for_claim`), on
+        its first delivery, not yet expired."""
+        tool = self.registry.declared(envelope.tool)
+        return (
+            tool is not None
+            and tool.waits_for_claim
+            and not envelope.resent
+            and time.time() <= envelope.deadline
+        )
+
+    def is_read(self, envelope: CallEnvelope) -> bool:
+        tool = self.registry.declared(envelope.tool)
+        return tool is not None and tool.side_effect == SideEffect.read
+
+    def runs_ahead(self, envelope: CallEnvelope) -> bool:
+        """Whether the call may run before the ledger's verdict: a declared read that does
+        not reach the network (the verdict says which live configuration is in force), on
+        its first delivery, not yet expired."""
+        tool = self.registry.declared(envelope.tool)
+        return (
+            tool is not None
+            and tool.side_effect == SideEffect.read
+            and not tool.uses_egress
+            and not envelope.resent
+            and time.time() <= envelope.deadline
+        )
