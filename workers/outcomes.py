@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -41,7 +42,7 @@ from broker.obs.metrics import metrics
 from broker.protocol import CallEnvelope, CallOutcome
 from broker.redis.ledger import Begin, Ledger
 from workers.registry import Registry
-from workers.tool import NotClaimed, SideEffect, ToolResult
+from workers.tool import NotClaimed, SideEffect, Tool, ToolResult
 
 log = logging.getLogger("clawq.outcomes")
 
@@ -304,28 +305,32 @@ class Claiming:
         waited for the verdict at `ToolContext.claimed`)."""
         verdict = self.claims.submit(self.outcomes.begin, *claim)
 
-        def claimed() -> None:
+        def lets_it_act() -> bool:
             begun = verdict.result()
-            if begun.verdict != "run" or begun.cancelled:
-                raise NotClaimed(begun.verdict)
+            return begun.verdict == "run" and not begun.cancelled
+
+        def claimed() -> None:
+            if not lets_it_act():
+                raise NotClaimed(verdict.result().verdict)
 
         try:
             result = self.traced(envelope, claimed=claimed)
         except NotClaimed:
             return verdict.result(), None
-        begun = verdict.result()  # (a run that failed before it asked: the verdict decides)
-        return begun, result if begun.verdict == "run" and not begun.cancelled else None
+        # (a run that failed before it asked: the verdict decides)
+        return verdict.result(), result if lets_it_act() else None
+
+    def first_delivery(self, envelope: CallEnvelope) -> Tool[Any] | None:
+        """The call's declared tool, on its first delivery and not yet expired: only then
+        may it run before its verdict, or beside it."""
+        if envelope.resent or time.time() > envelope.deadline:
+            return None
+        return self.registry.declared(envelope.tool)
 
     def waits_for_claim(self, envelope: CallEnvelope) -> bool:
-        """Whether the call's tool runs while its claim is out (`Tool.waits_for_claim`), on
-        its first delivery, not yet expired."""
-        tool = self.registry.declared(envelope.tool)
-        return (
-            tool is not None
-            and tool.waits_for_claim
-            and not envelope.resent
-            and time.time() <= envelope.deadline
-        )
+        """Whether the call's tool runs while its claim is out (`Tool.waits_for_claim`)."""
+        tool = self.first_delivery(envelope)
+        return tool is not None and tool.waits_for_claim
 
     def is_read(self, envelope: CallEnvelope) -> bool:
         tool = self.registry.declared(envelope.tool)
@@ -333,13 +338,6 @@ class Claiming:
 
     def runs_ahead(self, envelope: CallEnvelope) -> bool:
         """Whether the call may run before the ledger's verdict: a declared read that does
-        not reach the network (the verdict says which live configuration is in force), on
-        its first delivery, not yet expired."""
-        tool = self.registry.declared(envelope.tool)
-        return (
-            tool is not None
-            and tool.side_effect == SideEffect.read
-            and not tool.uses_egress
-            and not envelope.resent
-            and time.time() <= envelope.deadline
-        )
+        not reach the network (the verdict says which live configuration is in force)."""
+        tool = self.first_delivery(envelope)
+        return tool is not None and tool.side_effect == SideEffect.read and not tool.uses_egress

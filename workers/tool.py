@@ -133,7 +133,7 @@ class Tool(Generic[InputT]):
 
     # it reaches the network through the egress guard, whose domain lists are live
     # configuration: even as a read, it never runs before its claim has said which
-    # configuration is in force (workers/execute.py `runs_ahead`)
+    # configuration is in force (workers/outcomes.py `Claiming.runs_ahead`)
     uses_egress: ClassVar[bool] = False
 
     # it reads its job's transcript (PostgreSQL): it is sent once the turn is stored, so it
