@@ -90,7 +90,7 @@ class Orchestrator:
         self.steering: set[str] = set()
         self.children: set[str] = set()  # the subagents among self.jobs (they hold slots)
         self.accepting: set[str] = set()  # being claimed now (accepts run concurrently)
-        self.claimed: set[str] = set()  # leased here, being started (not in self.jobs yet)
+        self.claimed: set[str] = set()  # leased here, its task not begun (`_drive`)
         self.slots = asyncio.Semaphore(settings.max_jobs_per_orchestrator)
         self.stopping = asyncio.Event()  # no more agent runs are taken
         self._lease_ms = int(settings.heartbeat_ttl_s * 1000)
@@ -292,8 +292,8 @@ class Orchestrator:
         try:
             run = await self._start(job_id, chain)
         finally:
-            self.claimed.discard(job_id)
             if run is None:
+                self.claimed.discard(job_id)
                 await self.redis.delete(keys.lease(job_id))
                 self.slots.release()
         return run
@@ -317,6 +317,7 @@ class Orchestrator:
         return run
 
     async def _drive(self, run: JobRun) -> None:
+        self.claimed.discard(run.job_id)  # begun: a cancel now reaches the cleanup below
         try:
             while True:
                 try:
@@ -359,14 +360,17 @@ class Orchestrator:
     # -- commands from the control channel ---------------------------------------------
 
     def on_control(self, command: dict[str, Any]) -> None:
+        """A job's task is cancelled (its work stops) only once it has begun: one cancelled
+        before its first step never runs its cleanup, and the job would stay running. A job
+        not begun (`claimed`) reads its cancel flag and steer list at its first turn."""
         if "approve" in command:
             self.approvals.on_answer(ApprovalAnswer.model_validate(command["approve"]))
-            return
-        if (job_id := command.get("cancel")) in self.jobs:
-            self.cancelling.add(job_id)
-            self.jobs[job_id].cancel()
-        if (job_id := command.get("inbox")) in self.jobs:  # its next turn reads it
+        elif (job_id := command.get("inbox")) in self.jobs:  # its next turn reads it
             self.heard.handed.add(job_id)
-        if (job_id := command.get("steer")) in self.jobs and job_id not in self.cancelling:
+        elif (job_id := command.get("cancel")) in self.jobs:
+            self.cancelling.add(job_id)
+            if job_id not in self.claimed:
+                self.jobs[job_id].cancel()
+        elif (job_id := command.get("steer")) in self.jobs.keys() - self.claimed - self.cancelling:
             self.steering.add(job_id)
             self.jobs[job_id].cancel()

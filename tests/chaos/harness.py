@@ -59,7 +59,9 @@ class ChaosJob:
         then: the step in flight at `at` may have run on its own), or the job ended."""
         then = self.lines_at(at)
         later = [t for t, n in self.progress if t >= at and n >= then + 2]
-        ends = [self.ended] if self.ended and self.ended >= at else []
+        # The sampler stamps an end with the time its query began, and may store it after
+        # a fault counted the job as running: an end stamped before `at` needed no recovery.
+        ends = [max(self.ended, at)] if self.ended else []
         return min([*later, *ends], default=float("inf"))
 
     def effects(self) -> dict[str, int]:
