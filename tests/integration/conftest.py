@@ -4,17 +4,21 @@ the system Redis and PostgreSQL, in a Redis db and schema of the module's own.""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker.config.settings import Settings
 from orchestrator.cli.local.stack import Stack
 from orchestrator.client import Client
 from tests.conftest import Isolated
+from workers.tools.runtime.process import end_session
 
 
 def call(call_id: str, name: str, **input_: object) -> dict[str, Any]:
@@ -56,6 +60,7 @@ def start_cluster(
     # may use, unless the test sets its own ceilings
     overrides = {
         "workspace_root": tempfile.mkdtemp(prefix="clawq-ws-"),
+        "process_state_dir": tempfile.mkdtemp(prefix="clawq-procs-"),  # ended below
         "user_ceilings": {"*": {"workspace_roots": [tempfile.gettempdir()]}},
         **overrides,
     }
@@ -79,7 +84,17 @@ def start_cluster(
         client.close()
     finally:
         stack.stop()
+        end_processes(iso.settings)
         iso.drop()
+
+
+def end_processes(settings: Settings) -> None:
+    """Kill the background processes the cluster's sessions left: its workers, which end a
+    session's processes once its job has ended, are gone, and no later cluster sees them."""
+    root = Path(settings.process_state_dir)
+    for session in root.iterdir() if root.exists() else []:
+        end_session(settings, session.name)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
