@@ -360,9 +360,8 @@ class Orchestrator:
     # -- commands from the control channel ---------------------------------------------
 
     def on_control(self, command: dict[str, Any]) -> None:
-        """A job's task is cancelled (its work stops) only once it has begun: one cancelled
-        before its first step never runs its cleanup, and the job would stay running. A job
-        not begun (`claimed`) reads its cancel flag and steer list at its first turn."""
+        """A job's task is cancelled only once begun: one cancelled before its first step never
+        runs its cleanup. A job not begun (`claimed`) reads its cancel and steer at its start."""
         if "approve" in command:
             self.approvals.on_answer(ApprovalAnswer.model_validate(command["approve"]))
         elif (job_id := command.get("inbox")) in self.jobs:  # its next turn reads it
@@ -371,6 +370,8 @@ class Orchestrator:
             self.cancelling.add(job_id)
             if job_id not in self.claimed:
                 self.jobs[job_id].cancel()
-        elif (job_id := command.get("steer")) in self.jobs.keys() - self.claimed - self.cancelling:
+        elif (job_id := command.get("steer")) in self.jobs:
+            if job_id in self.cancelling or job_id in self.claimed:
+                return
             self.steering.add(job_id)
             self.jobs[job_id].cancel()
