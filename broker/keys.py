@@ -117,6 +117,13 @@ def version(topic: str) -> str:
     return f"{PREFIX}:version:{topic}"
 
 
+def routed_files(agent_id: str) -> str:
+    """A token that changes with every write of an agent's routed files (context files,
+    memory): a worker's cached listing of them is answered only while it holds the token
+    it was read under (checked with the call's claim, `Ledger.begin_finish`)."""
+    return f"{PREFIX}:routed:{agent_id}"
+
+
 def consumer(queue: str) -> str:
     """A live process consumes `queue` (`<group>.<node>`), kept by the heartbeats of that
     node's workers of the group: one read says whether a routed call can be answered."""

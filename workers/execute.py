@@ -227,14 +227,18 @@ class WorkerRuntime(Upkeep, Claiming):
         )
 
     def traced(
-        self, envelope: CallEnvelope, revoked: str = "", claimed: Callable[[], None] | None = None
+        self,
+        envelope: CallEnvelope,
+        revoked: str = "",
+        claimed: Callable[[], None] | None = None,
+        rests_on: dict[str, str] | None = None,
     ) -> ToolResult:
         with tracing.span(
             f"execute {envelope.tool}",
             {"clawq.job": envelope.job_id, "clawq.call": envelope.call_id},
             parent=envelope.trace,
         ):
-            return self.execute(envelope, revoked, claimed)
+            return self.execute(envelope, revoked, claimed, rests_on)
 
     def dead_letter(self, envelope: CallEnvelope, attempts: int) -> None:
         """The call used up its deliveries: keep it, with its envelope, for `clawq dlq`.
@@ -262,11 +266,15 @@ class WorkerRuntime(Upkeep, Claiming):
             log.error("dead letter for an undecodable %s not stored: %s", task, exc)
 
     def execute(
-        self, envelope: CallEnvelope, revoked: str = "", claimed: Callable[[], None] | None = None
+        self,
+        envelope: CallEnvelope,
+        revoked: str = "",
+        claimed: Callable[[], None] | None = None,
+        rests_on: dict[str, str] | None = None,
     ) -> ToolResult:
         """Run the tool unless it expired or was revoked (`revoked`: the cancel flag the
         ledger's begin read) while it waited in the queue (`claimed`: the claim it waits
-        for itself, NotClaimed passing through)."""
+        for itself, NotClaimed passing through; `rests_on`: a read's before its claim)."""
         if time.time() > envelope.deadline:
             return ToolResult.error(f"{envelope.tool} expired in the queue before a worker took it")
         if revoked:
@@ -286,6 +294,7 @@ class WorkerRuntime(Upkeep, Claiming):
             cancelled=cancelled,
             proc_id=self.proc_id,
             scrub=self.scrub,
+            rests_on=rests_on,
         )
         if claimed is not None:
             ctx.claimed = claimed

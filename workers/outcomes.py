@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,16 +93,24 @@ class Outcomes:
                 return self.ledger.begin(*claim)
         raise AssertionError("unreachable")
 
-    def begin_finish(self, claim: Claim, version: int, reply_to: str, outcome_json: str) -> Begin:
-        """Claim a read that ran with its outcome: "recorded" when that claim was its first,
-        else the verdict. Redis away: the claim alone is waited for, and the outcome
-        recorded after it as for any call."""
+    def begin_finish(
+        self,
+        claim: Claim,
+        version: int,
+        reply_to: str,
+        outcome_json: str,
+        rests_on: dict[str, str] | None = None,
+    ) -> Begin:
+        """Claim a read that ran with its outcome: "recorded" when that claim was its first
+        and what it rests on did not move, else the verdict. Redis away: the claim alone
+        is waited for (a result that rests on values is then taken as moved), and the
+        outcome recorded after it as for any call."""
         try:
-            return self.ledger.begin_finish(*claim, version, reply_to, outcome_json)
+            return self.ledger.begin_finish(*claim, version, reply_to, outcome_json, rests_on)
         except redis.RedisError as exc:
             if not outage.redis_down(exc):
                 raise
-        return self.begin(*claim)
+        return replace(self.begin(*claim), moved=bool(rests_on))
 
     @contextlib.contextmanager
     def running_unclaimed(self, claim: Claim) -> Iterator[Unclaimed]:
@@ -271,7 +279,11 @@ class Claiming:
     config_version: int
 
     def traced(
-        self, envelope: CallEnvelope, revoked: str = "", claimed: Callable[[], None] | None = None
+        self,
+        envelope: CallEnvelope,
+        revoked: str = "",
+        claimed: Callable[[], None] | None = None,
+        rests_on: dict[str, str] | None = None,
     ) -> ToolResult:
         raise NotImplementedError
 
@@ -282,22 +294,23 @@ class Claiming:
 
     def run_ahead(
         self, envelope: CallEnvelope, claim: Claim, queue: str
-    ) -> CallOutcome | tuple[Begin, ToolResult]:
+    ) -> CallOutcome | tuple[Begin, ToolResult | None]:
         """Run a read, then claim it with its outcome: the outcome when that recorded it
-        (one round trip), else the claim's verdict and the result."""
-        version, started = self.config_version, time.time()
+        (one round trip), else the claim's verdict and the result (None: what the result
+        rests on, `ToolContext.rests_on`, may have moved, so it runs again)."""
+        version, started, rests_on = self.config_version, time.time(), dict[str, str]()
         with self.outcomes.running_unclaimed(claim) as running:
-            result = self.traced(envelope)
+            result = self.traced(envelope, rests_on=rests_on)
         if running.verdict is not None:  # it ran long, and was claimed meanwhile
-            return running.verdict.result(), result
+            return running.verdict.result(), None if rests_on else result
         outcome = self.outcome(envelope, result, queue, 1, started)
         begun = self.outcomes.begin_finish(
-            claim, version, envelope.reply_to, outcome.model_dump_json()
+            claim, version, envelope.reply_to, outcome.model_dump_json(), rests_on
         )
         if begun.verdict == "recorded":
             count(envelope, outcome)
             return outcome
-        return begun, result
+        return begun, None if begun.moved else result
 
     def run_claiming(self, envelope: CallEnvelope, claim: Claim) -> tuple[Begin, ToolResult | None]:
         """Run a tool that `waits_for_claim` while its claim is out (on a thread of the

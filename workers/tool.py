@@ -87,6 +87,10 @@ class ToolContext:
     # returns once the ledger lets this process run the call (NotClaimed otherwise): a tool
     # that `waits_for_claim` calls it before its first effect; for the others, a no-op
     claimed: Callable[[], None] = lambda: None
+    # a read running before its claim: the Redis keys its result rests on, with the values
+    # it found (a cache's token); its claim checks them, and one that moved meanwhile makes
+    # it run again, claimed (None: no claim to check them, so a cache is not to be trusted)
+    rests_on: dict[str, str] | None = None
 
     def keep_artifact(self, data: bytes, mime: str, name: str = "", **facts: Any) -> Any:
         """Store `data` as an artifact of this call's user, session and job (`facts`:

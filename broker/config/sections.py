@@ -69,6 +69,13 @@ class ToolCalls(BaseModel):
     read_default_lines: int = Field(2000, ge=1)
     search_max_results: int = Field(200, ge=1)
     list_max_entries: int = Field(1000, ge=1)
+    list_cache_s: float = Field(
+        60.0,
+        ge=0,
+        description="a worker answers a listing of routed files (context files, memory) from "
+        "memory this long at most, each answer checked against the agent's write token with "
+        "the call's claim; a change made around clawq (SQL by hand) shows within it (0: off)",
+    )
     tool_grace_s: float = Field(5.0, ge=0, description="hard time limit beyond a tool's timeout")
     max_deliveries: int = Field(3, ge=1, description="times a call may start before it fails")
     heartbeat_interval_s: float = Field(1.0, gt=0)

@@ -65,17 +65,22 @@ local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
 BEGIN = CLAIM + "return {'run', tostring(n), cancelled, again, cfg}"
 
 # CLAIM, then, for a first claim nothing revoked whose configuration (ARGV[7]) is still in
-# force, FINISH's record and push of the outcome (ARGV[8]) to KEYS[5]
+# force and whose other values (KEYS[6..], each as ARGV[9..] says) did not move, FINISH's
+# record and push of the outcome (ARGV[8]) to KEYS[5]; 'moved' when one of those moved
 BEGIN_FINISH = (
     CLAIM
     + """
-if n == 1 and again == '' and cancelled == '' and cfg == ARGV[7] then
+local moved = ''
+for i = 6, #KEYS do
+  if redis.call('GET', KEYS[i]) ~= ARGV[i + 3] then moved = 'moved' end
+end
+if n == 1 and again == '' and cancelled == '' and cfg == ARGV[7] and moved == '' then
   redis.call('HSET', KEYS[1], 'status', 'done', 'outcome', ARGV[8])
   redis.call('LPUSH', KEYS[5], ARGV[8])
   redis.call('EXPIRE', KEYS[5], ARGV[3])
   return {'recorded', '1', '', '', cfg}
 end
-return {'run', tostring(n), cancelled, again, cfg}
+return {'run', tostring(n), cancelled, again, cfg, moved}
 """
 )
 
@@ -124,6 +129,7 @@ class Begin:
     cancelled: str = ""  # with "run": why the call must not run (its job or it was revoked)
     again: bool = False  # with "run": an earlier run began and never recorded an outcome
     config_version: int = -1  # the live configuration's version as it was claimed (-1: unread)
+    moved: bool = False  # with "run" for a read that ran: a value its result rests on moved
 
 
 class Ledger:
@@ -161,13 +167,17 @@ class Ledger:
         config_version: int,
         reply_to: str,
         outcome_json: str,
+        rests_on: dict[str, str] | None = None,
     ) -> Begin:
         """Claim a call that already ran, and record and push its outcome if the claim is
-        its first, unrevoked, under `config_version` (verdict "recorded"); otherwise the
-        verdict `begin` gives, the call claimed as `begin` claims it."""
+        its first, unrevoked, under `config_version`, with every key of `rests_on` still
+        at the value the run found (verdict "recorded"); otherwise the verdict `begin`
+        gives, the call claimed as `begin` claims it (`moved`: a key of `rests_on` moved)."""
         names, args = self._begin_args(job_id, turn, call_id, proc_id, max_deliveries, now)
+        rests_on = rests_on or {}
         found = self._begin_finish(
-            keys=[*names, reply_to], args=[*args, str(config_version), outcome_json]
+            keys=[*names, reply_to, *rests_on],
+            args=[*args, str(config_version), outcome_json, *rests_on.values()],
         )
         return _verdict(found)
 
@@ -194,5 +204,12 @@ class Ledger:
 
 
 def _verdict(found: list[Any]) -> Begin:
-    verdict, detail, cancelled, again, config = (v.decode() if v else "" for v in found)
-    return Begin(verdict, detail, cancelled, again == "ran", int(config or 0))  # type: ignore[arg-type]
+    verdict, detail, cancelled, again, config, *moved = (v.decode() if v else "" for v in found)
+    return Begin(
+        verdict,  # type: ignore[arg-type]
+        detail,
+        cancelled,
+        again == "ran",
+        int(config or 0),
+        moved == ["moved"],
+    )

@@ -23,6 +23,23 @@ def opened() -> Iterator[tuple[Settings, MemoryStore, ContextFileStore]]:
         yield settings, MemoryStore(store.conn), ContextFileStore(store.conn)
 
 
+def routed_files_changed(settings: Settings, agent: str) -> None:
+    """Workers list the agent's files from PostgreSQL again (a new token for their
+    caches); without Redis they do within `list_cache_s`."""
+    import redis
+
+    from workers.tools.fs.listing_cache import changed
+
+    try:
+        changed(redis.Redis.from_url(settings.redis_url), agent)
+    except redis.RedisError as exc:
+        click.echo(
+            f"warning: Redis unreachable ({exc}): listings may show the old files for "
+            f"{settings.list_cache_s:g} s",
+            err=True,
+        )
+
+
 @click.group()
 def memory() -> None:
     """Memory documents (MEMORY.md, memory/**) and their search index."""
@@ -116,12 +133,13 @@ def kind(agent: str, kind: Literal["open", "predefined"] | None) -> None:
 def set_file(agent: str, name: str, source: IO[str], user: str) -> None:
     """Set a context file from SOURCE (a file, or - for stdin)."""
     content = source.read()
-    with opened() as (_, _m, files):
+    with opened() as (settings, _m, files):
         current = files.version(agent, user, name)
         try:
             version = files.put(agent, user, name, content, current)
         except VersionConflict:
             raise click.ClickException(f"{name} changed meanwhile; run again") from None
+        routed_files_changed(settings, agent)
     click.echo(f"{name} of {agent}{' for ' + user if user else ''}: version {version}", err=True)
 
 

@@ -88,6 +88,26 @@ def test_a_read_ahead_is_only_claimed_when_its_result_cannot_stand(client: redis
     assert client.llen("reply") == 0
 
 
+def test_a_read_ahead_is_recorded_only_while_what_it_rests_on_has_not_moved(
+    client: redis.Redis,
+) -> None:
+    """`rests_on`: keys whose values a read's result was made under (a cache's token). All
+    still there and equal: recorded. One changed or gone: claimed, not recorded, `moved`."""
+    ledger = Ledger(client, ttl_s=60)
+    client.mset({"token:a": "t1", "token:b": "t2"})
+    still = {"token:a": "t1", "token:b": "t2"}
+    kept = ledger.begin_finish("job", 0, "c1", "w1", 3, 1.0, 0, "reply", "{}", still)
+    assert (kept.verdict, kept.moved) == ("recorded", False)
+    client.set("token:b", "t3")
+    moved = ledger.begin_finish("job", 0, "c2", "w1", 3, 1.0, 0, "reply", "{}", still)
+    assert (moved.verdict, moved.detail, moved.moved) == ("run", "1", True)
+    assert client.hget(keys.call("job", 0, "c2"), "status") == b"running"
+    client.delete("token:a")  # a Redis that lost its keys: no value matches
+    gone = ledger.begin_finish("job", 0, "c3", "w1", 3, 1.0, 0, "reply", "{}", {"token:a": "t1"})
+    assert (gone.verdict, gone.moved) == ("run", True)
+    assert client.llen("reply") == 1  # the first one's outcome alone
+
+
 def test_a_read_ahead_to_a_redis_without_the_script_still_records_once(
     client: redis.Redis,
 ) -> None:

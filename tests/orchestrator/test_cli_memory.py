@@ -9,6 +9,7 @@ from pathlib import Path
 import redis
 from click.testing import CliRunner
 
+from broker import keys
 from broker.pg.store import Store
 from broker.stores.memory import MemoryStore
 from orchestrator.cli import main as cli
@@ -29,7 +30,11 @@ def test_context_and_memory_commands(isolated: Isolated, tmp_path: Path) -> None
     assert clawq("context", "kind", "helper", "predefined").strip() == "predefined"
     soul = tmp_path / "soul.md"
     soul.write_text("You are Helper.")
+    tokens = redis.Redis.from_url(isolated.redis_url)
+    tokens.set(keys.routed_files("helper"), "cached under this")
     clawq("context", "set", "helper", "SOUL.md", str(soul))
+    # workers' cached listings of the agent's files are answered no more
+    assert tokens.get(keys.routed_files("helper")) not in (None, b"cached under this")
     clawq("context", "set", "helper", "USER.md", "-", "--user", "ann", stdin="Ann likes tea.")
     assert clawq("context", "show", "helper", "SOUL.md", "--user", "ann") == "You are Helper."
     listed = json.loads(clawq("context", "list", "helper", "--json"))

@@ -15,7 +15,7 @@ import redis
 from redis.retry import Retry
 
 from broker import keys
-from broker.redis.ledger import Ledger
+from broker.redis.ledger import Begin, Ledger
 from tests.chaos.services import OwnRedis
 from workers.outcomes import Outcomes
 
@@ -55,6 +55,37 @@ def test_an_outcome_waits_for_redis_and_is_recorded_once_it_is_back(
     assert client.hmget(keys.call("j", 0, "c"), ["status", "outcome"]) == [b"done", b'{"x": 1}']
     assert client.lrange("replies", 0, -1) == [b'{"x": 1}']  # pushed to its orchestrator
     assert not list((tmp_path / "spool").glob("*"))  # nothing was spooled
+
+
+def test_a_read_claimed_through_an_outage_runs_again_when_it_rested_on_a_value(
+    own: OwnRedis, tmp_path: Path
+) -> None:
+    """Redis away at a read's claim: the claim alone is waited for, so nothing checked the
+    values its result rests on (a cached listing's token); it is taken as moved."""
+    client = quick_client(own)
+    outcomes = Outcomes(Ledger(client, ttl_s=60), client, str(tmp_path / "spool"), retry_s=60)
+    client.set("token", "t1")
+    own.kill()
+    verdicts: list[Begin] = []
+
+    def claim(call: str, rests_on: dict[str, str]) -> None:
+        claim = ("j", 0, call, "w", 3, 1.0)
+        verdicts.append(outcomes.begin_finish(claim, 0, "replies", "{}", rests_on))
+
+    claims = [
+        threading.Thread(target=claim, args=("c1", {"token": "t1"}), daemon=True),
+        threading.Thread(target=claim, args=("c2", {}), daemon=True),
+    ]
+    for thread in claims:
+        thread.start()
+    time.sleep(1.0)
+    own.start()
+    for thread in claims:
+        thread.join(30)
+    moved = {v.moved for v in verdicts}
+    assert [v.verdict for v in verdicts] == ["run", "run"] and moved == {True, False}
+    assert client.get("token") == b"t1"  # unchanged, kept across the restart: not checked
+    assert client.llen("replies") == 0  # nothing recorded without its check
 
 
 def test_past_the_cap_an_outcome_is_spooled_then_replayed(own: OwnRedis, tmp_path: Path) -> None:

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import psycopg
+import redis
 from psycopg.rows import tuple_row
 
+from broker import keys
 from broker.stores.context_files import (
     CONTEXT_FILES,
     NAMES_SQL,
@@ -35,9 +38,8 @@ from broker.stores.context_files import (
 )
 from broker.stores.memory import PATHS_UNDER_SQL, ROOT_NAMES_SQL, MemoryStore
 from workers.tool import ToolContext, ToolError
-
-if TYPE_CHECKING:
-    import redis
+from workers.tools.fs import listing_cache
+from workers.tools.fs.listing_cache import Entry, ListingCache
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +74,15 @@ class Seen:
         raw = self.redis.hget(self.key(), target)
         return int(raw) if raw is not None else None
 
-    def set(self, target: str, version: int) -> None:
+    def set(self, target: str, version: int, written_by: str = "") -> None:
+        """`written_by`: the agent whose routed file this job wrote (its token changes)."""
         if self.redis is None:
             return
         pipe = self.redis.pipeline()
         pipe.hset(self.key(), target, version)
         pipe.expire(self.key(), READS_TTL_S)
+        if written_by:
+            listing_cache.changed(pipe, written_by)
         pipe.execute()
 
 
@@ -118,24 +123,46 @@ class Listing:
     names: Callable[[list[str]], list[str]] = sorted
 
 
+LISTINGS = ListingCache()  # this process's
+
+
 def listed(listings: list[Listing], rel: str, ctx: ToolContext) -> list[str]:
     """The names of all the listings, read in one statement: each listing's query is a
     branch of a UNION ALL, its rows tagged with its place (one PostgreSQL exchange, where
-    a pipeline of several statements cost a quarter more)."""
+    a pipeline of several statements cost a quarter more). A read running before its
+    claim is answered from this process's cache, the claim checking the entry's token."""
     if not listings:
         return []
     sql = " UNION ALL ".join(
         f"SELECT {i}, v FROM ({item.sql}) AS listing{i}(v)" for i, item in enumerate(listings)
     )
     params = tuple(p for item in listings for p in item.params)
+    agent, max_age = ctx.context.agent_id, ctx.settings.list_cache_s
+    if ctx.rests_on is not None and (hit := LISTINGS.get((sql, params), max_age)):
+        ctx.rests_on[keys.routed_files(agent)] = hit.token
+        return list(hit.names)
+    began, token = time.monotonic(), _token(ctx, agent)
     with database("list", rel):
         rows = _store(ctx).cursor(row_factory=tuple_row).execute(sql, params).fetchall()
     values: list[list[str]] = [[] for _ in listings]
     for i, value in rows:
         values[i].append(value)
-    return [
+    names = [
         name for item, found in zip(listings, values, strict=True) for name in item.names(found)
     ]
+    if token:
+        LISTINGS.put((sql, params), Entry(token, tuple(names), began))
+    return names
+
+
+def _token(ctx: ToolContext, agent: str) -> str:
+    """The agent's token to cache a listing under ("": none, so no entry)."""
+    if ctx.redis is None or ctx.settings.list_cache_s <= 0:
+        return ""
+    try:
+        return listing_cache.token(ctx.redis, agent)
+    except redis.RedisError:  # the listing itself needs only PostgreSQL
+        return ""
 
 
 @contextmanager
@@ -169,6 +196,12 @@ def target_of(kind: str, agent: str, owner: str, rel: str) -> str:
 
 def remember(ctx: ToolContext, target: str, version: int) -> None:
     Seen(ctx.redis, ctx.job_id).set(target, version)
+
+
+def wrote(ctx: ToolContext, target: str, version: int) -> None:
+    """After a write committed, before its outcome is recorded: the version the job now
+    holds, and a new token for the agent's routed files (`listing_cache`)."""
+    Seen(ctx.redis, ctx.job_id).set(target, version, written_by=ctx.context.agent_id)
 
 
 def writable(kind: AgentKind, rel: str, agent: str) -> None:
@@ -226,7 +259,7 @@ class ContextFiles:
             current = store.version(c.agent_id, owner, rel)
             if rel == "BOOTSTRAP.md" and not append and not content.strip():
                 existed = store.delete(c.agent_id, owner, rel)
-                remember(ctx, target, 0)
+                wrote(ctx, target, 0)
                 return "deleted BOOTSTRAP.md" if existed else "BOOTSTRAP.md did not exist"
             if append:
                 base = self._shown(store, c.agent_id, owner, rel)
@@ -234,7 +267,7 @@ class ContextFiles:
             else:
                 expected = _expected(ctx, rel, target, current)
                 version = store.put(c.agent_id, owner, rel, content, expected)
-        remember(ctx, target, version)
+        wrote(ctx, target, version)
         scope = "your copy of" if owner else "the agent's"
         return f"{'appended to' if append else 'wrote'} {scope} {rel} (version {version})"
 
@@ -249,7 +282,7 @@ class ContextFiles:
             base = self._shown(store, c.agent_id, owner, rel, missing_ok=False)
             updated, count = change(base)
             version = store.put(c.agent_id, owner, rel, updated, current)
-        remember(ctx, target_of("ctx", c.agent_id, owner, rel), version)
+        wrote(ctx, target_of("ctx", c.agent_id, owner, rel), version)
         return f"edited {rel} (version {version})", count
 
     @staticmethod
@@ -313,7 +346,7 @@ class Memory:
             doc = store.put(
                 c.agent_id, c.user_id, rel, text, expected, index=index, job_id=ctx.job_id
             )
-        remember(ctx, target, doc.version)
+        wrote(ctx, target, doc.version)
         if index:
             queue_index(ctx, doc.id, doc.version)
         scope = "your memory" if c.user_id else "the agent's memory"
@@ -342,7 +375,7 @@ class Memory:
                 index=index,
                 job_id=ctx.job_id,
             )
-        remember(ctx, target_of("mem", c.agent_id, c.user_id, rel), doc.version)
+        wrote(ctx, target_of("mem", c.agent_id, c.user_id, rel), doc.version)
         if index:
             queue_index(ctx, doc.id, doc.version)
         return f"edited {rel} (version {doc.version})", count
