@@ -25,7 +25,7 @@ from workers.tool import ToolContext
 from workers.tools.fs import intercept
 from workers.tools.fs.listing_cache import ListingCache
 
-CACHE_S = 0.5
+CACHE_S = 2.0  # long enough for a loaded machine to list twice within it
 
 
 @pytest.fixture
