@@ -1,6 +1,6 @@
 """What a worker process remembers of the routed files' listings (the context files and
 memory at the workspace root, goclaw §3): without it, list_files asks PostgreSQL on every
-call, and a third process woken on a read's path cost a third of its turn (bench (i)).
+call, a third process woken on a read's path (0.35 ms of a 2 ms turn in bench (i)).
 
 An entry keeps the agent's token (`keys.routed_files`) as it was before its query. It is
 answered only to a read running before its claim, which checks that token with the claim
