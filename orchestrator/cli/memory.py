@@ -31,7 +31,8 @@ def routed_files_changed(settings: Settings, agent: str) -> None:
     from workers.tools.fs.listing_cache import changed
 
     try:
-        changed(redis.Redis.from_url(settings.redis_url), agent)
+        with redis.Redis.from_url(settings.redis_url) as client:
+            changed(client, agent)
     except redis.RedisError as exc:
         click.echo(
             f"warning: Redis unreachable ({exc}): listings may show the old files for "
