@@ -67,6 +67,12 @@ def cancel_call(job_id: str, turn: int, call_id: str) -> str:
     return f"{PREFIX}:cancel:{job_id}:{turn}:{call_id}"
 
 
+def turn_gate(gate: str) -> str:
+    """A list that holds "stored" once the turn whose calls carry `gate` is stored: the
+    calls sent while it was being stored act only then (CallEnvelope.gate)."""
+    return f"{PREFIX}:gate:{gate}"
+
+
 def steer(job_id: str) -> str:
     """Messages a user sent to redirect a running job, oldest first."""
     return f"{PREFIX}:steer:{job_id}"

@@ -104,6 +104,11 @@ class CallEnvelope(BaseModel):
         False, description="sent again (its runner died, a dead letter's retry): claimed first"
     )
     trace: dict[str, str] = Field(default_factory=dict, description="W3C trace context")
+    gate: str = Field(
+        "",
+        description="sent while its turn was being stored: it acts only once the turn is"
+        " (keys.turn_gate(gate) says so, else the stored call is looked for)",
+    )
 
 
 class CallOutcome(BaseModel):

@@ -171,7 +171,7 @@ class WorkerRuntime(Upkeep, Claiming):
         elif self.waits_for_claim(envelope):
             begun, ran = self.run_claiming(envelope, claim)
         else:
-            begun = self.outcomes.begin(*claim)
+            begun = self.claim_when_stored(envelope, claim)
         if self.follow_config(begun.config_version):  # moved: a read ahead ran under the old
             ahead = None
         if ran is not None:  # (it acted once the claim let it)
@@ -179,6 +179,9 @@ class WorkerRuntime(Upkeep, Claiming):
         started = time.time()
         if begun.verdict == "done":
             self.outcomes.push(envelope.reply_to, begun.detail)  # a lost reply is re-sent
+            return None
+        if begun.verdict == "void":
+            log.info("call %s: its turn was not stored; not run", envelope.call_id)
             return None
         if begun.verdict == "busy":
             log.info("call %s is running on live %s; skipped", envelope.call_id, begun.detail)

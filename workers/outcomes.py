@@ -17,6 +17,9 @@ A read runs before its claim, which then goes with its outcome in one step
 runs it as for any call. A tool that `waits_for_claim` runs while its claim is out, and
 acts only once the verdict lets it (`Claiming`, the part of the worker's runtime that says
 when a call runs against its claim).
+
+Such a call may be sent while its turn is being stored (`CallEnvelope.gate`): it is claimed
+only once the turn is, so a turn is stored before any of its effects acts (`opened`).
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import redis
 
-from broker import outage
+from broker import keys, outage
 from broker.obs.metrics import metrics
+from broker.pg.store import Store
 from broker.protocol import CallEnvelope, CallOutcome
 from broker.redis.ledger import Begin, Ledger
 from workers.registry import Registry
@@ -47,6 +52,7 @@ from workers.tool import NotClaimed, SideEffect, Tool, ToolResult
 log = logging.getLogger("clawq.outcomes")
 
 REPLAY_EVERY_S = 2.0
+GATE_WAIT_S = 2  # a turn's gate shut this long: its call is looked for in the transcript
 
 
 Claim = tuple[str, int, str, str, int, float]  # job, turn, call, process, max deliveries, now
@@ -278,6 +284,9 @@ class Claiming:
     claims: ThreadPoolExecutor
     config_version: int
 
+    def store(self) -> Store:
+        raise NotImplementedError
+
     def traced(
         self,
         envelope: CallEnvelope,
@@ -316,7 +325,7 @@ class Claiming:
         """Run a tool that `waits_for_claim` while its claim is out (on a thread of the
         process's own): the verdict, and the result if the claim let it act (its run
         waited for the verdict at `ToolContext.claimed`)."""
-        verdict = self.claims.submit(self.outcomes.begin, *claim)
+        verdict = self.claims.submit(self.claim_when_stored, envelope, claim)
 
         def lets_it_act() -> bool:
             begun = verdict.result()
@@ -332,6 +341,38 @@ class Claiming:
             return verdict.result(), None
         # (a run that failed before it asked: the verdict decides)
         return verdict.result(), result if lets_it_act() else None
+
+    def claim_when_stored(self, envelope: CallEnvelope, claim: Claim) -> Begin:
+        """The ledger's verdict, once the call's turn is stored ("void": it never will be,
+        and nothing is claimed)."""
+        if envelope.gate and not self.opened(envelope):
+            return Begin("void", "its turn was not stored")
+        return self.outcomes.begin(*claim)
+
+    def opened(self, envelope: CallEnvelope) -> bool:
+        """Whether the turn of a call sent while it was being stored is stored: its gate,
+        which the orchestrator opens once the write has committed, is waited on (and left
+        open for a delivery after this one). A gate still shut after GATE_WAIT_S (the
+        orchestrator died before its write committed, the write failed, Redis lost the
+        key) is answered by the transcript: the call acts if it is stored with this input.
+        Else it never does; if its turn is stored later all the same, the watchdog finds
+        this delivery gone unclaimed and sends the call again."""
+        key = keys.turn_gate(envelope.gate)
+        while True:
+            try:
+                if self.outcomes.client.blmove(key, key, GATE_WAIT_S, "RIGHT", "LEFT"):
+                    return True
+            except redis.RedisError as exc:
+                log.warning("call %s: its turn's gate unread (%s)", envelope.call_id, exc)
+            try:
+                stored = self.store().call_input(envelope.job_id, envelope.turn, envelope.call_id)
+            except psycopg.Error as exc:  # PostgreSQL away as well: looked at again
+                log.warning("call %s: its turn unread (%s)", envelope.call_id, exc)
+                if time.time() > envelope.deadline:
+                    return False
+                time.sleep(GATE_WAIT_S)
+                continue
+            return stored == envelope.input
 
     def first_delivery(self, envelope: CallEnvelope) -> Tool[Any] | None:
         """The call's declared tool, on its first delivery and not yet expired: only then

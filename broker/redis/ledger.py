@@ -119,7 +119,8 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 
-Verdict = Literal["run", "done", "busy", "exhausted", "recorded"]
+# "void": sent while its turn was being stored, and that turn was not (CallEnvelope.gate)
+Verdict = Literal["run", "done", "busy", "exhausted", "recorded", "void"]
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ class Dispatcher(CallWatchdog):
         only a call never begun, or let go, is sent."""
         key = (envelope.job_id, envelope.turn, envelope.call_id)
         pending = Pending(envelope, queue, asyncio.get_running_loop().create_future(), pinned)
+        pending.shut = bool(envelope.gate)
         self.pending[key] = pending
         try:
             pushed: Any = None
@@ -153,6 +154,12 @@ class Dispatcher(CallWatchdog):
         if status == b"done" and outcome:
             return CallOutcome.model_validate_json(outcome)
         return True if status == b"running" else None
+
+    def opened(self, job_id: str, turn: int, call_id: str) -> None:
+        """A call sent gated: its turn is stored now (a delivery that found it not stored
+        and dropped it is lost from here on, and sent again)."""
+        if (pending := self.pending.get((job_id, turn, call_id))) is not None:
+            pending.shut = False
 
     def resolve_cancelled(self, job_id: str, turn: int, call_id: str, reason: str) -> None:
         """Answer a waiting call now: it was stopped (its worker is told separately)."""

@@ -58,6 +58,9 @@ class Pending:
     # read may run before its claim), or not; None: not looked for yet
     held: bool | None = None
     unheld: bool = False  # found gone and held by nobody once: lost if found so again
+    # sent while its turn was being stored (CallEnvelope.gate), which it is not yet: taken
+    # and dropped unclaimed is not lost (its worker found no stored turn) until it is
+    shut: bool = False
 
 
 def call_field(e: CallEnvelope) -> str:

@@ -211,6 +211,7 @@ class CallWatchdog:
             for p in items
             if not p.pinned
             and not p.future.done()
+            and not p.shut
             and p.raw
             and now - p.looked_at >= max(2 * s.heartbeat_interval_s, 1.0)
         ]

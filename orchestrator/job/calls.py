@@ -132,16 +132,26 @@ class JobCalls(JobPeople):
             return None
         return str(pin["queue"]), proc
 
-    async def dispatch(self, turn: int, ready: Ready, index: int = 0) -> CallOutcome:
+    async def dispatch(
+        self, turn: int, ready: Ready, index: int = 0, early: bool = False
+    ) -> CallOutcome:
         """A call the gate allowed: sent to its queue, or, in a replay, through the replay
         layer first (`orchestrator.calls.replay`), which answers what the original did."""
         if self.replay is not None:
             return await self.replay.through(self, turn, index, ready)
-        return await self.send(turn, ready)
+        return await self.send(turn, ready, early=early)
 
-    async def send(self, turn: int, ready: Ready, workspace: str = "") -> CallOutcome:
+    def may_gate(self, turn: int) -> bool:
+        """Whether the turn's calls may be sent while it is being stored (`TurnCalls`): not
+        a replay's, nor a resumed turn's (those are stored, and may have been sent)."""
+        return self.replay is None and turn != self.resumed_turn
+
+    async def send(
+        self, turn: int, ready: Ready, workspace: str = "", early: bool = False
+    ) -> CallOutcome:
         """Send the call to its queue (`workspace`: another than the job's, a replay's
-        sandbox) and await its outcome."""
+        sandbox; `early`: it may go while its turn is being stored, gated) and await its
+        outcome."""
         async with self.parallel:
             timeout = ready.tool.timeout(ready.args, self.s.settings)
             queue = ready.tool.route(ready.args) or ready.tool.group.value
@@ -205,6 +215,8 @@ class JobCalls(JobPeople):
                     sent = asyncio.get_running_loop().create_future()
                     try:
                         await self.in_order()
+                        if early and self.current is not None:  # no wait from here
+                            envelope.gate = self.current.gate_for(ready.call.id)
                         outcome = await self.s.dispatcher.call(
                             envelope, queue, self.carry_pending(sent), admit, pinned, sent
                         )

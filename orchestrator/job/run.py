@@ -218,9 +218,11 @@ class JobRun(JobContext):
                     self.answered_by(turn, reply)
                     if reply.text:
                         self.defer("model_text", turn=turn + 1, text=reply.text)
-                    if current.running():  # reads the stream started: published first
+                    # reads the stream started, and effects sent gated: published first
+                    if current.storing_begins() or current.running():
                         await asyncio.sleep(0)
                     await self.append(reply, turn=turn)
+                    await current.stored_now()
                 except BaseException:
                     current.cut()  # not stored: what waited for it never goes
                     raise

@@ -5,9 +5,13 @@ calls run together (at most `max_parallel_calls`), an unsafe call waits for ever
 before it and everything after it waits for it. With a streaming model a call starts as
 soon as its block is complete, before the reply has ended, if it only reads: a call with
 an effect waits until the reply has ended and the turn is stored, so a turn is in the
-transcript before any of its effects is sent (an orchestrator that dies mid-stream has the
-model asked again, and only reads ran). A read of the transcript itself waits too: it sees
-the turn and every result before it (they are written with the turn). When an exec
+transcript before any of its effects acts (an orchestrator that dies mid-stream has the
+model asked again, and only reads ran). A call whose worker waits for its claim before it
+acts (`Tool.waits_for_claim`: a file's write, which stores its checkpoint meanwhile) is
+sent as the turn's write goes out, gated: its worker claims it once the write has
+committed and the turn's gate opens (workers/outcomes.py, `Claiming.opened`). A read of
+the transcript itself waits for the write: it sees the turn and every result before it
+(they are written with the turn). When an exec
 fails, its still-running siblings are stopped (the error cascade). Results are recorded
 once, in the model's order, each under its original id.
 
@@ -20,10 +24,15 @@ queues it again, to be resumed from its transcript like any other.
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import redis.asyncio as aioredis
+
+from broker import keys
 from broker.errors import Signal
 from broker.protocol import CallOutcome
 from broker.stores import requests
@@ -34,6 +43,9 @@ from orchestrator.conversation import ToolCall
 
 if TYPE_CHECKING:
     from orchestrator.job.calls import JobCalls
+
+
+log = logging.getLogger("clawq.loop")
 
 
 class JobParked(Signal):
@@ -75,6 +87,9 @@ class Flag:
             self._waiters.append(waiter)
         return waiter
 
+    def awaited(self) -> bool:
+        return bool(self._waiters)
+
     def forget(self, waiter: asyncio.Future[None]) -> None:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
@@ -106,6 +121,11 @@ class TurnCalls:
         self.complete = False  # every call of the turn is known (the reply has ended)
         # held calls go on: sent once the turn is stored (finish), else answered unsent
         self.released = Flag()
+        # the turn's write has gone out: calls that wait for their claim go, gated
+        self.storing = Flag()
+        self.gate = ""  # what the gated calls carry (CallEnvelope.gate)
+        self.gated: set[str] = set()  # calls sent before the turn was stored
+        self.stored = False
         self.sent: set[int] = set()  # calls handed to dispatch
         self.kept: dict[str, CallOutcome] = {}  # a resumed parked turn's finished calls
         self.working = 0  # calls past their turn to start, not waiting for a person
@@ -143,28 +163,39 @@ class TurnCalls:
         else:
             before = [t for t in (self.last_unsafe, *self.since_unsafe) if t]
             self.group += 1
-            task = asyncio.ensure_future(self._after(before, index, checked, hold=True))
+            # one whose worker claims it before it acts may go as the turn is being stored
+            early = (
+                checked.asked is None
+                and checked.tool.waits_for_claim
+                and self.run.may_gate(self.turn)
+            )
+            task = asyncio.ensure_future(self._after(before, index, checked, True, early))
             self.last_unsafe, self.since_unsafe = task, []
             self.group += 1
         self.groups[index] = self.group
         self.tasks[index] = task
 
     async def _after(
-        self, before: list[asyncio.Task[None]], index: int, ready: Ready, hold: bool
+        self,
+        before: list[asyncio.Task[None]],
+        index: int,
+        ready: Ready,
+        hold: bool,
+        early: bool = False,
     ) -> None:
         if before:
             await asyncio.wait(before)
         if hold:
-            await self.released.wait()
+            await (self.storing if early else self.released).wait()
         if index in self.outcomes:  # stopped before it started
             return
         self.working += 1
         try:
-            await self._run(index, ready)
+            await self._run(index, ready, early)
         finally:
             self.working -= 1
 
-    async def _run(self, index: int, ready: Ready) -> None:
+    async def _run(self, index: int, ready: Ready, early: bool = False) -> None:
         run = self.run
         if (kept := self.kept.get(ready.call.id)) is not None:  # it ran before the park
             self.outcomes.setdefault(index, kept)
@@ -185,7 +216,7 @@ class TurnCalls:
                 ready, await run.ask_person(self.turn, ready, question, self.person)
             )
         else:
-            outcome = await run.dispatch(self.turn, ready, index)
+            outcome = await run.dispatch(self.turn, ready, index, early)
         self.outcomes.setdefault(index, outcome)
         # the turn's last call: its event goes out with the job's next round trip (the
         # next turn's start, or the job's end), right after the turn is recorded
@@ -225,25 +256,70 @@ class TurnCalls:
 
     async def stop_all(self, reason: str) -> None:
         await self.stop([i for i in range(len(self.calls)) if i not in self.outcomes], reason)
-        self.released.set()  # every call has its outcome: what was held returns unsent
+        self.release()  # every call has its outcome: what was held returns unsent
+
+    def release(self) -> None:
+        self.storing.set()
+        self.released.set()
+
+    def storing_begins(self) -> bool:
+        """The turn's write goes out: the calls that may go gated are sent now (True: one
+        waits to)."""
+        self.gate = secrets.token_hex(12)
+        waiting = self.storing.awaited()
+        self.storing.set()
+        return waiting
+
+    def gate_for(self, call_id: str) -> str:
+        """The gate of a call that may go gated, as it is sent ("" once the turn is
+        stored). Asked right before the send, with no wait between: the call is either
+        sent ungated or among those `stored_now` opens."""
+        if self.stored:
+            return ""
+        self.gated.add(call_id)
+        return self.gate
+
+    async def stored_now(self) -> None:
+        """The turn is stored: its gate opens, and the calls sent gated act. Redis away:
+        their workers find the turn in the transcript instead."""
+        self.stored = True
+        if not self.gated:
+            return
+        run = self.run
+        for call_id in self.gated:
+            run.s.dispatcher.opened(run.job_id, self.turn, call_id)
+        redis, key = run.s.redis, keys.turn_gate(self.gate)
+        try:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(key, "stored")
+                pipe.expire(key, run.s.settings.ledger_ttl_s)
+                await pipe.execute()
+        except aioredis.RedisError as exc:
+            log.warning("job %s: turn %s's gate not opened (%s)", run.job_id, self.turn, exc)
 
     def cut(self) -> None:
-        """The reply broke off before the turn was stored: the calls held for its end
-        never go (nothing records them; the model is asked again)."""
+        """The reply broke off, or its write failed, before the turn was stored: the calls
+        held for its end never go, and those sent gated never act (nothing records them;
+        the model is asked again)."""
         reason = "not run: the model's reply broke off"
+        run = self.run
         for i, call in enumerate(self.calls):
-            if i not in self.sent:
+            unstored = call.id in self.gated and not self.stored  # its worker finds none
+            if i not in self.sent or unstored:
                 self.outcomes.setdefault(
-                    i, cancelled_outcome(self.run.job_id, self.turn, call.id, reason)
+                    i, cancelled_outcome(run.job_id, self.turn, call.id, reason)
                 )
-        self.released.set()
+            if unstored:
+                run.s.dispatcher.resolve_cancelled(run.job_id, self.turn, call.id, reason)
+        self.release()
 
     async def finish(self, calls: list[ToolCall]) -> None:
         """Schedule any call the stream did not deliver, wait for all, record in order."""
         for call in calls[len(self.calls) :]:
             await self.add(call)
         self.complete = True
-        self.released.set()  # the caller stored the turn before it asked for its end
+        self.stored = True  # the caller stored the turn before it asked for its end
+        self.release()
         await self.settle_all()
         for task in self.tasks.values():
             task.result()  # a bug in dispatch surfaces here, not silently

@@ -8,9 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import redis
 
@@ -72,3 +74,134 @@ def test_job_resumes_on_another_orchestrator(cluster: Cluster, workspace: Path) 
         client.close()
         second.terminate()
         second.wait(15)
+
+
+HOLD = 4242  # an advisory lock: while the test holds it, a write_file's turn is not stored
+
+# the turn's write waits in a trigger until the test lets it go: as a slow commit would
+HOLD_TRIGGER = f"""
+CREATE OR REPLACE FUNCTION clawq_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.name = 'write_file' AND NEW.status = 'queued' THEN
+    PERFORM pg_advisory_lock_shared({HOLD});
+    PERFORM pg_advisory_unlock_shared({HOLD});
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER clawq_test_hold BEFORE INSERT ON tool_calls
+  FOR EACH ROW EXECUTE FUNCTION clawq_test_hold();
+"""
+WAITING = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted"
+LINE = {"path": "out.txt", "content": "a line\n", "append": True}
+WRITE = {
+    "turns": [
+        {"tool_calls": [{"id": "w", "name": "write_file", "input": LINE}]},
+        {"text": "written"},
+    ]
+}
+
+
+@pytest.fixture
+def held(cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
+    """A connection holding back every write_file's turn from being stored, till released."""
+    db = psycopg.connect(cluster.iso.database_url, autocommit=True)
+    db.execute(HOLD_TRIGGER)
+    db.execute("SELECT pg_advisory_lock(%s)", (HOLD,))
+    try:
+        yield db
+    finally:
+        db.execute("SELECT pg_advisory_unlock_all()")
+        db.execute("DROP TRIGGER clawq_test_hold ON tool_calls")
+        db.close()
+
+
+@pytest.fixture
+def orchestrators(cluster: Cluster) -> Iterator[Callable[[], None]]:
+    """Starts orchestrators of the test's own (the test before may have killed the
+    cluster's)."""
+    env = {
+        **os.environ,
+        **cluster.iso.env(),
+        "CLAWQ_HEARTBEAT_INTERVAL_S": "0.5",
+        "CLAWQ_HEARTBEAT_TTL_S": "2",
+    }
+    started: list[subprocess.Popen[bytes]] = []
+    command = [sys.executable, "-m", "orchestrator.cli", "orchestrator", "--log-level", "warning"]
+    yield lambda: started.append(subprocess.Popen(command, env=env))
+    for process in started:
+        process.terminate()
+        process.wait(15)
+
+
+def sent_while_stored(client: redis.Redis, db: psycopg.Connection[Any], job_id: str) -> None:
+    """Wait until the job's write is sent, while its turn's write waits."""
+    stream = keys.events(job_id)
+    queued = b'"type":"tool_call_queued"'
+    wait_until(lambda: any(queued in f[b"e"] for _, f in client.xrange(stream)), 20, "sent")
+    wait_until(lambda: db.execute(WAITING, (HOLD,)).fetchone() is not None, 10, "held")
+
+
+def test_a_write_acts_only_once_its_turn_is_stored(
+    cluster: Cluster,
+    workspace: Path,
+    held: psycopg.Connection[Any],
+    orchestrators: Callable[[], None],
+) -> None:
+    """A write is sent while its turn is being stored, and its worker takes it; the write
+    is held in PostgreSQL and its orchestrator killed, so the turn is never stored: the
+    file is not written. Another orchestrator resumes the job, the model is asked again,
+    and the file is written once."""
+    orchestrators()  # one to run it
+    client = redis.Redis.from_url(cluster.iso.redis_url)
+    try:
+        job = cluster.client.submit("x", workspace=str(workspace), script=WRITE)
+        sent_while_stored(client, held, job.id)
+        time.sleep(3)  # its worker took it, found the turn not stored, and let it go
+        assert not (workspace / "out.txt").exists()
+        assert client.exists(keys.call(job.id, 0, "w")) == 0  # never claimed
+        orchestrators()  # one to resume it
+        owner = client.get(keys.lease(job.id))
+        assert owner is not None
+        os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGKILL)
+        blocked = held.execute(WAITING, (HOLD,)).fetchone()
+        assert blocked is not None
+        held.execute("SELECT pg_terminate_backend(%s)", (blocked[0],))  # never committed
+        held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
+        result = job.wait(timeout=60)
+        assert result.status == "completed" and result.final_text == "written"
+        assert (workspace / "out.txt").read_text() == "a line\n"  # once
+        # the resumed turn's gate was opened once it was stored; the dead one's never was
+        gates = [client.lrange(k, 0, -1) for k in client.scan_iter(keys.turn_gate("*"))]
+        assert gates == [[b"stored"]]
+        starts = [e.data["resumed"] for e in job.events() if e.type == "job_started"]
+        assert starts == [False, True]
+    finally:
+        client.delete(*client.scan_iter(keys.turn_gate("*")))
+        client.close()
+
+
+def test_a_write_whose_turn_is_stored_late_acts_once(
+    cluster: Cluster,
+    workspace: Path,
+    held: psycopg.Connection[Any],
+    orchestrators: Callable[[], None],
+) -> None:
+    """A turn stored seconds late (a slow commit): its worker gave the write up meanwhile,
+    and it is sent again once the turn is stored, not before (a resend per look of the
+    watchdog would use up its deliveries): it acts once, on its second delivery."""
+    orchestrators()
+    client = redis.Redis.from_url(cluster.iso.redis_url)
+    try:
+        job = cluster.client.submit("x", workspace=str(workspace), script=WRITE)
+        sent_while_stored(client, held, job.id)
+        # given up after 2 s; the watchdog would have sent it again twice by 12 s
+        time.sleep(14)
+        assert not (workspace / "out.txt").exists()
+        held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
+        result = job.wait(timeout=60)
+        assert result.status == "completed" and result.final_text == "written"
+        assert (workspace / "out.txt").read_text() == "a line\n"
+        (call,) = result.tool_calls
+        assert not call.is_error and call.attempts == 2, call
+    finally:
+        client.close()

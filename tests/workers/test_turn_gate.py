@@ -1,0 +1,148 @@
+"""A write sent while its turn was being stored (`CallEnvelope.gate`) acts only once the
+turn is stored: its worker stores the file's checkpoint meanwhile, claims nothing, and
+writes once the orchestrator opens the turn's gate. A gate still shut is answered by the
+transcript: the call acts if it is stored there with this input, and never otherwise
+(nothing claimed, nothing recorded, the file as it was). On a real Redis and PostgreSQL,
+in a worker's runtime, as the fs worker runs calls; the effect is counted in the file."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker import keys
+from broker.pg.store import Store
+from broker.protocol import CallContext, CallEnvelope, CallOutcome, JobSpec
+from tests.conftest import Isolated
+from workers import outcomes
+from workers.execute import WorkerRuntime
+from workers.registry import default_registry
+
+LINE = {"path": "out.txt", "content": "a line\n", "append": True}
+
+
+@pytest.fixture
+def runtime(isolated: Isolated, monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerRuntime]:
+    monkeypatch.setattr(outcomes, "GATE_WAIT_S", 1)
+    rt = WorkerRuntime.start(isolated.settings, default_registry(), "fs", "n")
+    yield rt
+    rt.stop()
+
+
+@pytest.fixture
+def db(isolated: Isolated) -> Iterator[Store]:
+    store = Store(isolated.database_url)
+    yield store
+    store.close()
+
+
+def envelope(workspace: Path, gate: str, **args: Any) -> CallEnvelope:
+    return CallEnvelope(
+        call_id="w",
+        job_id="j",
+        session_id="s",
+        tool="write_file",
+        input=args or LINE,
+        context=CallContext(workspace=str(workspace)),
+        timeout_s=5,
+        deadline=time.time() + 60,
+        reply_to="replies",
+        gate=gate,
+    )
+
+
+class Running:
+    """run_call on a thread of its own, as a worker's pool thread runs it."""
+
+    def __init__(self, rt: WorkerRuntime, env: CallEnvelope) -> None:
+        self.outcome: CallOutcome | None = None
+        self.thread = threading.Thread(target=self._run, args=(rt, env))
+        self.thread.start()
+
+    def _run(self, rt: WorkerRuntime, env: CallEnvelope) -> None:
+        self.outcome = rt.run_call(env)
+
+    def done(self, timeout: float = 15) -> CallOutcome | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the call still runs"
+        return self.outcome
+
+
+def stored(db: Store, **args: Any) -> None:
+    """Job j's turn 0 in the transcript, with call w and this input."""
+    db.create_job("j", "s", JobSpec(prompt="p", workspace="/nowhere"))
+    db.conn.execute(
+        "INSERT INTO tool_calls (job_id, turn, call_id, seq, name, input, status, queue)"
+        " VALUES ('j', 0, 'w', 0, 'write_file', %s::jsonb, 'queued', 'fs')",
+        (json.dumps(args or LINE),),
+    )
+
+
+def test_a_write_sent_gated_acts_once_its_turn_is_stored(
+    runtime: WorkerRuntime, workspace: Path
+) -> None:
+    (workspace / "out.txt").write_text("before\n")
+    running = Running(runtime, envelope(workspace, "g1"))
+    time.sleep(0.5)  # the gate shut: taken and held, not claimed, not written
+    assert (workspace / "out.txt").read_text() == "before\n"
+    assert runtime.redis.exists(keys.call("j", 0, "w")) == 0
+    assert "j:0:w" in runtime.held
+    runtime.redis.rpush(keys.turn_gate("g1"), "stored")
+    outcome = running.done()
+    assert outcome is not None and not outcome.is_error, outcome
+    assert (workspace / "out.txt").read_text() == "before\na line\n"
+    # its checkpoint was stored while it waited: the file as it was
+    prior = outcome.metadata["checkpoint"]["prior"]
+    found = runtime.store().conn.execute("SELECT id FROM artifacts WHERE id = %s", (prior,))
+    assert found.fetchone() is not None
+    assert runtime.redis.lrange(keys.turn_gate("g1"), 0, -1) == [b"stored"]  # left open
+
+
+def test_a_write_whose_turn_is_not_stored_never_acts(
+    runtime: WorkerRuntime, workspace: Path
+) -> None:
+    started = time.monotonic()
+    assert Running(runtime, envelope(workspace, "g2")).done() is None
+    assert time.monotonic() - started >= 1  # the gate was waited for
+    assert not (workspace / "out.txt").exists()
+    assert runtime.redis.exists(keys.call("j", 0, "w")) == 0  # nothing claimed
+    assert runtime.redis.llen("replies") == 0  # nor answered
+    assert "j:0:w" not in runtime.held
+
+
+def test_a_write_whose_gate_was_lost_acts_on_its_stored_turn(
+    runtime: WorkerRuntime, workspace: Path, db: Store
+) -> None:
+    stored(db)  # stored, and the gate never opened (Redis lost it, the orchestrator died)
+    outcome = Running(runtime, envelope(workspace, "g3")).done()
+    assert outcome is not None and not outcome.is_error, outcome
+    assert (workspace / "out.txt").read_text() == "a line\n"
+
+
+def test_a_write_whose_turn_was_stored_with_another_input_never_acts(
+    runtime: WorkerRuntime, workspace: Path, db: Store
+) -> None:
+    # the job resumed elsewhere and the model, asked again, gave the same id another input
+    stored(db, path="out.txt", content="another\n", append=True)
+    assert Running(runtime, envelope(workspace, "g4")).done() is None
+    assert not (workspace / "out.txt").exists()
+    assert runtime.redis.exists(keys.call("j", 0, "w")) == 0
+
+
+def test_a_call_sent_again_waits_for_its_gate_too(runtime: WorkerRuntime, workspace: Path) -> None:
+    """A resend (its taker died before the turn was stored) is claimed first, and acts
+    only once the turn is stored as well."""
+    env = envelope(workspace, "g5").model_copy(update={"resent": True})
+    running = Running(runtime, env)
+    time.sleep(0.5)
+    assert not (workspace / "out.txt").exists()
+    runtime.redis.rpush(keys.turn_gate("g5"), "stored")
+    outcome = running.done()
+    assert outcome is not None and not outcome.is_error, outcome
+    assert (workspace / "out.txt").read_text() == "a line\n"
