@@ -19,7 +19,8 @@ acts only once the verdict lets it (`Claiming`, the part of the worker's runtime
 when a call runs against its claim).
 
 Such a call may be sent while its turn is being stored (`CallEnvelope.gate`): it is claimed
-only once the turn is, so a turn is stored before any of its effects acts (`opened`).
+meanwhile, and acts only once the turn is, so a turn is stored before any of its effects
+acts (`opened`).
 """
 
 from __future__ import annotations
@@ -343,11 +344,20 @@ class Claiming:
         return verdict.result(), result if lets_it_act() else None
 
     def claim_when_stored(self, envelope: CallEnvelope, claim: Claim) -> Begin:
-        """The ledger's verdict, once the call's turn is stored ("void": it never will be,
-        and nothing is claimed)."""
-        if envelope.gate and not self.opened(envelope):
-            return Begin("void", "its turn was not stored")
-        return self.outcomes.begin(*claim)
+        """The ledger's verdict, to act on once the call's turn is stored: a call sent
+        while it was being stored is claimed meanwhile, and its claim undone if the turn
+        never is ("void": it never ran)."""
+        begun = self.outcomes.begin(*claim)
+        if not envelope.gate or begun.verdict != "run" or begun.cancelled:
+            return begun
+        if self.opened(envelope):
+            return begun
+        job_id, turn, call_id, proc_id, _, now = claim
+        try:  # else a live process that no longer holds it: the watchdog lets it go
+            self.outcomes.ledger.unclaim(job_id, turn, call_id, proc_id, now)
+        except redis.RedisError as exc:
+            log.warning("call %s: its claim not undone (%s)", call_id, exc)
+        return Begin("void", "its turn was not stored")
 
     def opened(self, envelope: CallEnvelope) -> bool:
         """Whether the turn of a call sent while it was being stored is stored: its gate,

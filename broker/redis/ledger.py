@@ -110,6 +110,23 @@ end
 return 0
 """
 
+# KEYS: the call; ARGV: its owner, when it started. A claim made while the call's turn was
+# being stored, of a turn that never was, undone: the call never ran. A first claim leaves
+# nothing behind; a later one is let go, as a dead runner's would be.
+UNCLAIM = """
+if redis.call('HGET', KEYS[1], 'status') == 'running'
+  and redis.call('HGET', KEYS[1], 'proc') == ARGV[1]
+  and redis.call('HGET', KEYS[1], 'started_at') == ARGV[2] then
+  if redis.call('HGET', KEYS[1], 'attempts') == '1' then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('HSET', KEYS[1], 'status', 'released')
+  end
+  return 1
+end
+return 0
+"""
+
 FINISH = """
 if redis.call('HGET', KEYS[1], 'status') == 'done' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'done', 'outcome', ARGV[1])
@@ -150,6 +167,7 @@ class Ledger:
         self._begin = client.register_script(BEGIN)
         self._finish = client.register_script(FINISH)
         self._begin_finish = client.register_script(BEGIN_FINISH)
+        self._unclaim = client.register_script(UNCLAIM)
 
     def begin(
         self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
@@ -181,6 +199,11 @@ class Ledger:
             args=[*args, str(config_version), outcome_json, *rests_on.values()],
         )
         return _verdict(found)
+
+    def unclaim(self, job_id: str, turn: int, call_id: str, proc_id: str, now: float) -> bool:
+        """Undo this claim (`begin` with the same owner and start) of a call that never
+        ran; False if the call is no longer held by it."""
+        return bool(self._unclaim(keys=[keys.call(job_id, turn, call_id)], args=[proc_id, now]))
 
     def finish(
         self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str

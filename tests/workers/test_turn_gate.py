@@ -1,8 +1,8 @@
 """A write sent while its turn was being stored (`CallEnvelope.gate`) acts only once the
-turn is stored: its worker stores the file's checkpoint meanwhile, claims nothing, and
+turn is stored: its worker claims it and stores the file's checkpoint meanwhile, and
 writes once the orchestrator opens the turn's gate. A gate still shut is answered by the
 transcript: the call acts if it is stored there with this input, and never otherwise
-(nothing claimed, nothing recorded, the file as it was). On a real Redis and PostgreSQL,
+(its claim undone, nothing recorded, the file as it was). On a real Redis and PostgreSQL,
 in a worker's runtime, as the fs worker runs calls; the effect is counted in the file."""
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ def test_a_write_sent_gated_acts_once_its_turn_is_stored(
 ) -> None:
     (workspace / "out.txt").write_text("before\n")
     running = Running(runtime, envelope(workspace, "g1"))
-    time.sleep(0.5)  # the gate shut: taken and held, not claimed, not written
+    time.sleep(0.5)  # the gate shut: taken, held and claimed, not written
     assert (workspace / "out.txt").read_text() == "before\n"
-    assert runtime.redis.exists(keys.call("j", 0, "w")) == 0
+    assert runtime.redis.hget(keys.call("j", 0, "w"), "status") == b"running"
     assert "j:0:w" in runtime.held
     runtime.redis.rpush(keys.turn_gate("g1"), "stored")
     outcome = running.done()
@@ -111,7 +111,7 @@ def test_a_write_whose_turn_is_not_stored_never_acts(
     assert Running(runtime, envelope(workspace, "g2")).done() is None
     assert time.monotonic() - started >= 1  # the gate was waited for
     assert not (workspace / "out.txt").exists()
-    assert runtime.redis.exists(keys.call("j", 0, "w")) == 0  # nothing claimed
+    assert runtime.redis.exists(keys.call("j", 0, "w")) == 0  # its claim undone
     assert runtime.redis.llen("replies") == 0  # nor answered
     assert "j:0:w" not in runtime.held
 
@@ -133,6 +133,19 @@ def test_a_write_whose_turn_was_stored_with_another_input_never_acts(
     assert Running(runtime, envelope(workspace, "g4")).done() is None
     assert not (workspace / "out.txt").exists()
     assert runtime.redis.exists(keys.call("j", 0, "w")) == 0
+
+
+def test_a_later_claim_of_a_call_whose_turn_is_not_stored_is_let_go(
+    runtime: WorkerRuntime, workspace: Path
+) -> None:
+    """A delivery after one that was claimed: its claim undone, the call is let go (the
+    next delivery runs it, told it may have run), its count of deliveries kept."""
+    call = keys.call("j", 0, "w")
+    runtime.redis.hset(call, mapping={"status": "released", "attempts": 1})
+    env = envelope(workspace, "g6").model_copy(update={"resent": True})
+    assert Running(runtime, env).done() is None
+    assert not (workspace / "out.txt").exists()
+    assert runtime.redis.hmget(call, "status", "attempts") == [b"released", b"2"]
 
 
 def test_a_call_sent_again_waits_for_its_gate_too(runtime: WorkerRuntime, workspace: Path) -> None:
