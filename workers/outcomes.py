@@ -326,7 +326,9 @@ class Claiming:
         """Run a tool that `waits_for_claim` while its claim is out (on a thread of the
         process's own): the verdict, and the result if the claim let it act (its run
         waited for the verdict at `ToolContext.claimed`)."""
-        verdict = self.claims.submit(self.claim_when_stored, envelope, claim)
+        if envelope.gate:
+            return self.run_gated(envelope, claim)
+        verdict = self.claims.submit(self.outcomes.begin, *claim)
 
         def lets_it_act() -> bool:
             begun = verdict.result()
@@ -343,6 +345,41 @@ class Claiming:
         # (a run that failed before it asked: the verdict decides)
         return verdict.result(), result if lets_it_act() else None
 
+    def run_gated(self, envelope: CallEnvelope, claim: Claim) -> tuple[Begin, ToolResult | None]:
+        """Run a tool that `waits_for_claim`, sent while its turn was being stored: claimed
+        first, then run up to its first effect (its checkpoint stored), where it waits for
+        the turn's gate (`opened`); all on this thread. The verdict, and the result if it
+        may act ("void": the turn never was stored, and its claim is undone)."""
+        begun = self.outcomes.begin(*claim)
+        if begun.verdict != "run" or begun.cancelled:
+            return begun, None
+        gate: list[bool] = []
+
+        def stored() -> bool:
+            if not gate:
+                gate.append(self.opened(envelope))
+            return gate[0]
+
+        def claimed() -> None:
+            if not stored():
+                raise NotClaimed("void")
+
+        result: ToolResult | None = None
+        with contextlib.suppress(NotClaimed):
+            result = self.traced(envelope, claimed=claimed)
+        if stored():  # (a run that failed before it asked waits for its turn too)
+            return begun, result
+        return self.void(claim), None
+
+    def void(self, claim: Claim) -> Begin:
+        """The verdict of a call whose turn was never stored, its claim undone."""
+        job_id, turn, call_id, proc_id, _, now = claim
+        try:  # else a live process that no longer holds it: the watchdog lets it go
+            self.outcomes.ledger.unclaim(job_id, turn, call_id, proc_id, now)
+        except redis.RedisError as exc:
+            log.warning("call %s: its claim not undone (%s)", call_id, exc)
+        return Begin("void", "its turn was not stored")
+
     def claim_when_stored(self, envelope: CallEnvelope, claim: Claim) -> Begin:
         """The ledger's verdict, to act on once the call's turn is stored: a call sent
         while it was being stored is claimed meanwhile, and its claim undone if the turn
@@ -350,14 +387,7 @@ class Claiming:
         begun = self.outcomes.begin(*claim)
         if not envelope.gate or begun.verdict != "run" or begun.cancelled:
             return begun
-        if self.opened(envelope):
-            return begun
-        job_id, turn, call_id, proc_id, _, now = claim
-        try:  # else a live process that no longer holds it: the watchdog lets it go
-            self.outcomes.ledger.unclaim(job_id, turn, call_id, proc_id, now)
-        except redis.RedisError as exc:
-            log.warning("call %s: its claim not undone (%s)", call_id, exc)
-        return Begin("void", "its turn was not stored")
+        return begun if self.opened(envelope) else self.void(claim)
 
     def opened(self, envelope: CallEnvelope) -> bool:
         """Whether the turn of a call sent while it was being stored is stored: its gate,

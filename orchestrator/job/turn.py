@@ -265,7 +265,6 @@ class TurnCalls:
     def storing_begins(self) -> bool:
         """The turn's write goes out: the calls that may go gated are sent now (True: one
         waits to)."""
-        self.gate = secrets.token_hex(12)
         waiting = self.storing.awaited()
         self.storing.set()
         return waiting
@@ -276,6 +275,7 @@ class TurnCalls:
         sent ungated or among those `stored_now` opens."""
         if self.stored:
             return ""
+        self.gate = self.gate or secrets.token_hex(12)
         self.gated.add(call_id)
         return self.gate
 
