@@ -292,7 +292,8 @@ class TurnCalls:
         try:
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.rpush(key, "stored")
-                pipe.expire(key, run.s.settings.ledger_ttl_s)
+                # as long as a delivery of them may come (CallEnvelope.deadline)
+                pipe.expire(key, run.s.settings.visibility_timeout_s)
                 await pipe.execute()
         except aioredis.RedisError as exc:
             log.warning("job %s: turn %s's gate not opened (%s)", run.job_id, self.turn, exc)

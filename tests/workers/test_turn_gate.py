@@ -159,3 +159,21 @@ def test_a_call_sent_again_waits_for_its_gate_too(runtime: WorkerRuntime, worksp
     outcome = running.done()
     assert outcome is not None and not outcome.is_error, outcome
     assert (workspace / "out.txt").read_text() == "a line\n"
+
+
+def test_a_call_that_fails_before_its_effect_waits_for_its_turn_too(
+    runtime: WorkerRuntime, workspace: Path
+) -> None:
+    """An edit that finds nothing to edit fails before it would act: its error is recorded
+    only if its turn is stored (a turn asked again may reuse the id)."""
+    edit = {"path": "missing.txt", "old_string": "a", "new_string": "b"}
+    env = envelope(workspace, "g7").model_copy(update={"tool": "edit_file", "input": edit})
+    assert Running(runtime, env).done() is None
+    assert runtime.redis.exists(keys.call("j", 0, "w")) == 0  # nothing recorded
+    assert runtime.redis.llen("replies") == 0
+    env = envelope(workspace, "g8").model_copy(update={"tool": "edit_file", "input": edit})
+    running = Running(runtime, env)
+    runtime.redis.rpush(keys.turn_gate("g8"), "stored")
+    outcome = running.done()
+    assert outcome is not None and outcome.is_error, outcome
+    assert runtime.redis.hget(keys.call("j", 0, "w"), "status") == b"done"
