@@ -402,8 +402,9 @@ class Claiming:
             try:
                 if self.outcomes.client.blmove(key, key, GATE_WAIT_S, "RIGHT", "LEFT"):
                     return True
-            except redis.RedisError as exc:
+            except redis.RedisError as exc:  # as long as a shut gate is waited on
                 log.warning("call %s: its turn's gate unread (%s)", envelope.call_id, exc)
+                time.sleep(GATE_WAIT_S)
             try:
                 stored = self.store().call_input(envelope.job_id, envelope.turn, envelope.call_id)
             except psycopg.Error as exc:  # PostgreSQL away as well: looked at again

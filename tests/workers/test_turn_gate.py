@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from broker import keys
 from broker.pg.store import Store
 from broker.protocol import CallContext, CallEnvelope, CallOutcome, JobSpec
+from tests.chaos.services import OwnRedis
 from tests.conftest import Isolated
 from workers import outcomes
 from workers.execute import WorkerRuntime
@@ -177,3 +179,39 @@ def test_a_call_that_fails_before_its_effect_waits_for_its_turn_too(
     outcome = running.done()
     assert outcome is not None and outcome.is_error, outcome
     assert runtime.redis.hget(keys.call("j", 0, "w"), "status") == b"done"
+
+
+def test_redis_killed_at_the_gate_the_stored_turn_answers(
+    isolated: Isolated, workspace: Path, db: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis dies while a gated write waits at its gate (its opening lost with it): the
+    transcript says the turn is stored, so it acts, once, and its outcome is recorded once
+    Redis is back. On a Redis server of the test's own, killed with SIGKILL."""
+    monkeypatch.setattr(outcomes, "GATE_WAIT_S", 1)
+    own = OwnRedis()
+    own.start()
+    rt = WorkerRuntime.start(
+        isolated.settings.model_copy(update={"redis_url": own.url}), default_registry(), "fs", "n"
+    )
+    try:
+        running = Running(rt, envelope(workspace, "g9"))
+        time.sleep(0.5)  # claimed, its checkpoint kept, waiting at the gate
+        assert not (workspace / "out.txt").exists()
+        stored(db)  # the turn's write committed, and Redis died before its gate opened
+        own.kill()
+        deadline = time.monotonic() + 20
+        while not (workspace / "out.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (workspace / "out.txt").read_text() == "a line\n"  # acted, Redis away
+        assert running.thread.is_alive()  # its outcome waits for Redis
+        own.start()
+        outcome = running.done(30)
+        assert outcome is not None and not outcome.is_error, outcome
+        assert (workspace / "out.txt").read_text() == "a line\n"
+        client = redis.Redis.from_url(own.url)
+        assert client.hget(keys.call("j", 0, "w"), "status") == b"done"
+        assert client.llen("replies") == 1
+        client.close()
+    finally:
+        rt.stop()
+        own.stop()
