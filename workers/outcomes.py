@@ -54,6 +54,7 @@ log = logging.getLogger("clawq.outcomes")
 
 REPLAY_EVERY_S = 2.0
 GATE_WAIT_S = 2  # a turn's gate shut this long: its call is looked for in the transcript
+STORED_INPUT = "SELECT input FROM tool_calls WHERE job_id = %s AND turn = %s AND call_id = %s"
 
 
 Claim = tuple[str, int, str, str, int, float]  # job, turn, call, process, max deliveries, now
@@ -398,6 +399,7 @@ class Claiming:
         Else it never does; if its turn is stored later all the same, the watchdog finds
         this delivery gone unclaimed and sends the call again."""
         key = keys.turn_gate(envelope.gate)
+        call = (envelope.job_id, envelope.turn, envelope.call_id)
         while True:
             try:
                 if self.outcomes.client.blmove(key, key, GATE_WAIT_S, "RIGHT", "LEFT"):
@@ -406,14 +408,14 @@ class Claiming:
                 log.warning("call %s: its turn's gate unread (%s)", envelope.call_id, exc)
                 time.sleep(GATE_WAIT_S)
             try:
-                stored = self.store().call_input(envelope.job_id, envelope.turn, envelope.call_id)
+                stored = self.store().conn.execute(STORED_INPUT, call).fetchone()
             except psycopg.Error as exc:  # PostgreSQL away as well: looked at again
                 log.warning("call %s: its turn unread (%s)", envelope.call_id, exc)
                 if time.time() > envelope.deadline:
                     return False
                 time.sleep(GATE_WAIT_S)
                 continue
-            return stored == envelope.input
+            return stored is not None and stored["input"] == envelope.input
 
     def first_delivery(self, envelope: CallEnvelope) -> Tool[Any] | None:
         """The call's declared tool, on its first delivery and not yet expired: only then

@@ -209,15 +209,6 @@ class Store:
     def archive(self, job_id: str) -> None:
         self.conn.execute("UPDATE jobs SET archived_at = now() WHERE id = %s", (job_id,))
 
-    def call_input(self, job_id: str, turn: int, call_id: str) -> dict[str, Any] | None:
-        """A stored call's input as the model gave it (None: the transcript has no such
-        call)."""
-        row = self.conn.execute(
-            "SELECT input FROM tool_calls WHERE job_id = %s AND turn = %s AND call_id = %s",
-            (job_id, turn, call_id),
-        ).fetchone()
-        return row["input"] if row else None
-
     def job_status(self, job_id: str) -> str | None:
         row = self.conn.execute(SELECT_JOB, (job_id,)).fetchone()
         return row["status"] if row else None

@@ -288,15 +288,8 @@ class TurnCalls:
         run = self.run
         for call_id in self.gated:
             run.s.dispatcher.opened(run.job_id, self.turn, call_id)
-        redis, key = run.s.redis, keys.turn_gate(self.gate)
-        try:
-            async with redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(key, "stored")
-                # as long as a delivery of them may come (CallEnvelope.deadline)
-                pipe.expire(key, run.s.settings.visibility_timeout_s)
-                await pipe.execute()
-        except aioredis.RedisError as exc:
-            log.warning("job %s: turn %s's gate not opened (%s)", run.job_id, self.turn, exc)
+        # kept as long as a delivery of them may come (CallEnvelope.deadline)
+        await open_gate(run.s.redis, self.gate, run.s.settings.visibility_timeout_s)
 
     def cut(self) -> None:
         """The reply broke off, or its write failed, before the turn was stored: the calls
@@ -405,3 +398,16 @@ class TurnCalls:
             found = await requests.settle(s.store.pool, request_id, "timeout", "timeout")
         assert found is not None  # it was opened by this job
         return found
+
+
+async def open_gate(client: aioredis.Redis, gate: str, ttl_s: int) -> None:
+    """Say that the turn whose calls carry `gate` is stored (keys.turn_gate). Redis away:
+    their workers find the turn in the transcript instead."""
+    key = keys.turn_gate(gate)
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, "stored")
+            pipe.expire(key, ttl_s)
+            await pipe.execute()
+    except aioredis.RedisError as exc:
+        log.warning("gate %s not opened (%s)", gate, exc)
