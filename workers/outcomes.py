@@ -26,6 +26,7 @@ acts (`opened`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -354,12 +355,7 @@ class Claiming:
         begun = self.outcomes.begin(*claim)
         if begun.verdict != "run" or begun.cancelled:
             return begun, None
-        gate: list[bool] = []
-
-        def stored() -> bool:
-            if not gate:
-                gate.append(self.opened(envelope))
-            return gate[0]
+        stored = functools.cache(lambda: self.opened(envelope))  # waited for once
 
         def claimed() -> None:
             if not stored():

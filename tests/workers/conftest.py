@@ -1,13 +1,15 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.config.settings import Settings
+from broker.pg.store import Store
 from broker.protocol import CallContext
+from tests.conftest import Isolated
 from tests.workers.mcp_harness import harness as harness  # the MCP tests' fixture
 from workers.execute import run_tool as execute_tool
 from workers.registry import default_registry
@@ -38,6 +40,14 @@ class Runner:
             cancelled=self.cancelled,
         )
         return execute_tool(self.registry, name, raw, ctx)
+
+
+@pytest.fixture
+def db(isolated: Isolated) -> Iterator[Store]:
+    """A connection of the test's own to its isolated database."""
+    store = Store(isolated.database_url)
+    yield store
+    store.close()
 
 
 @pytest.fixture

@@ -45,13 +45,6 @@ class Job:
 
 
 @pytest.fixture
-def db(isolated: Isolated) -> Iterator[Store]:
-    store = Store(isolated.database_url)
-    yield store
-    store.close()
-
-
-@pytest.fixture
 def job(isolated: Isolated, db: Store, workspace: Path) -> Any:
     def make(name: str = "j1", agent: str = "main", user: str = "u1") -> Job:
         return Job(isolated, db, workspace, name, agent, user)

@@ -40,13 +40,6 @@ def runtime(
     rt.stop()
 
 
-@pytest.fixture
-def db(isolated: Isolated) -> Iterator[Store]:
-    store = Store(isolated.database_url)
-    yield store
-    store.close()
-
-
 def context(workspace: Path) -> CallContext:
     return CallContext(workspace=str(workspace), agent_id="main", user_id="alice")
 

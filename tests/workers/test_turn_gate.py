@@ -37,13 +37,6 @@ def runtime(isolated: Isolated, monkeypatch: pytest.MonkeyPatch) -> Iterator[Wor
     rt.stop()
 
 
-@pytest.fixture
-def db(isolated: Isolated) -> Iterator[Store]:
-    store = Store(isolated.database_url)
-    yield store
-    store.close()
-
-
 def envelope(workspace: Path, gate: str, **args: Any) -> CallEnvelope:
     return CallEnvelope(
         call_id="w",
