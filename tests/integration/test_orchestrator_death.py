@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from broker import keys
+from orchestrator.client.base import Job
 from tests.integration.conftest import Cluster, start_cluster, wait_until
 
 
@@ -133,12 +134,26 @@ def orchestrators(cluster: Cluster) -> Iterator[Callable[[], None]]:
         process.wait(15)
 
 
-def sent_while_stored(client: redis.Redis, db: psycopg.Connection[Any], job_id: str) -> None:
-    """Wait until the job's write is sent, while its turn's write waits."""
-    stream = keys.events(job_id)
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[redis.Redis]:
+    """The cluster's Redis; the turns' gates the test left are removed after it."""
+    client = redis.Redis.from_url(cluster.iso.redis_url)
+    yield client
+    for gate in client.scan_iter(keys.turn_gate("*")):
+        client.delete(gate)
+    client.close()
+
+
+def write_sent_while_stored(
+    cluster: Cluster, client: redis.Redis, held: psycopg.Connection[Any], workspace: Path
+) -> Job:
+    """A job of one write, once its write is sent while its turn's write waits."""
+    job = cluster.client.submit("x", workspace=str(workspace), script=WRITE)
+    stream = keys.events(job.id)
     queued = b'"type":"tool_call_queued"'
     wait_until(lambda: any(queued in f[b"e"] for _, f in client.xrange(stream)), 20, "sent")
-    wait_until(lambda: db.execute(WAITING, (HOLD,)).fetchone() is not None, 10, "held")
+    wait_until(lambda: held.execute(WAITING, (HOLD,)).fetchone() is not None, 10, "held")
+    return job
 
 
 def test_a_write_acts_only_once_its_turn_is_stored(
@@ -146,38 +161,33 @@ def test_a_write_acts_only_once_its_turn_is_stored(
     workspace: Path,
     held: psycopg.Connection[Any],
     orchestrators: Callable[[], None],
+    client: redis.Redis,
 ) -> None:
     """A write is sent while its turn is being stored, and its worker takes it; the write
     is held in PostgreSQL and its orchestrator killed, so the turn is never stored: the
     file is not written. Another orchestrator resumes the job, the model is asked again,
     and the file is written once."""
     orchestrators()  # one to run it
-    client = redis.Redis.from_url(cluster.iso.redis_url)
-    try:
-        job = cluster.client.submit("x", workspace=str(workspace), script=WRITE)
-        sent_while_stored(client, held, job.id)
-        time.sleep(3)  # its worker took it, found the turn not stored, and let it go
-        assert not (workspace / "out.txt").exists()
-        assert client.exists(keys.call(job.id, 0, "w")) == 0  # never claimed
-        orchestrators()  # one to resume it
-        owner = client.get(keys.lease(job.id))
-        assert owner is not None
-        os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGKILL)
-        blocked = held.execute(WAITING, (HOLD,)).fetchone()
-        assert blocked is not None
-        held.execute("SELECT pg_terminate_backend(%s)", (blocked[0],))  # never committed
-        held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
-        result = job.wait(timeout=60)
-        assert result.status == "completed" and result.final_text == "written"
-        assert (workspace / "out.txt").read_text() == "a line\n"  # once
-        # the resumed turn's gate was opened once it was stored; the dead one's never was
-        gates = [client.lrange(k, 0, -1) for k in client.scan_iter(keys.turn_gate("*"))]
-        assert gates == [[b"stored"]]
-        starts = [e.data["resumed"] for e in job.events() if e.type == "job_started"]
-        assert starts == [False, True]
-    finally:
-        client.delete(*client.scan_iter(keys.turn_gate("*")))
-        client.close()
+    job = write_sent_while_stored(cluster, client, held, workspace)
+    time.sleep(3)  # its worker took it, found the turn not stored, and let it go
+    assert not (workspace / "out.txt").exists()
+    assert client.exists(keys.call(job.id, 0, "w")) == 0  # never claimed
+    orchestrators()  # one to resume it
+    owner = client.get(keys.lease(job.id))
+    assert owner is not None
+    os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGKILL)
+    blocked = held.execute(WAITING, (HOLD,)).fetchone()
+    assert blocked is not None
+    held.execute("SELECT pg_terminate_backend(%s)", (blocked[0],))  # never committed
+    held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
+    result = job.wait(timeout=60)
+    assert result.status == "completed" and result.final_text == "written"
+    assert (workspace / "out.txt").read_text() == "a line\n"  # once
+    # the resumed turn's gate was opened once it was stored; the dead one's never was
+    gates = [client.lrange(k, 0, -1) for k in client.scan_iter(keys.turn_gate("*"))]
+    assert gates == [[b"stored"]]
+    starts = [e.data["resumed"] for e in job.events() if e.type == "job_started"]
+    assert starts == [False, True]
 
 
 def test_a_write_whose_turn_is_stored_late_acts_once(
@@ -185,23 +195,19 @@ def test_a_write_whose_turn_is_stored_late_acts_once(
     workspace: Path,
     held: psycopg.Connection[Any],
     orchestrators: Callable[[], None],
+    client: redis.Redis,
 ) -> None:
     """A turn stored seconds late (a slow commit): its worker gave the write up meanwhile,
     and it is sent again once the turn is stored, not before (a resend per look of the
     watchdog would use up its deliveries): it acts once, on its second delivery."""
     orchestrators()
-    client = redis.Redis.from_url(cluster.iso.redis_url)
-    try:
-        job = cluster.client.submit("x", workspace=str(workspace), script=WRITE)
-        sent_while_stored(client, held, job.id)
-        # given up after 2 s; the watchdog would have sent it again twice by 12 s
-        time.sleep(14)
-        assert not (workspace / "out.txt").exists()
-        held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
-        result = job.wait(timeout=60)
-        assert result.status == "completed" and result.final_text == "written"
-        assert (workspace / "out.txt").read_text() == "a line\n"
-        (call,) = result.tool_calls
-        assert not call.is_error and call.attempts == 2, call
-    finally:
-        client.close()
+    job = write_sent_while_stored(cluster, client, held, workspace)
+    # given up after 2 s; the watchdog would have sent it again twice by 12 s
+    time.sleep(14)
+    assert not (workspace / "out.txt").exists()
+    held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
+    result = job.wait(timeout=60)
+    assert result.status == "completed" and result.final_text == "written"
+    assert (workspace / "out.txt").read_text() == "a line\n"
+    (call,) = result.tool_calls
+    assert not call.is_error and call.attempts == 2, call
