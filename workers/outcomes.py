@@ -18,9 +18,9 @@ runs it as for any call. A tool that `waits_for_claim` runs while its claim is o
 acts only once the verdict lets it (`Claiming`, the part of the worker's runtime that says
 when a call runs against its claim).
 
-Such a call may be sent while its turn is being stored (`CallEnvelope.gate`): it is claimed
-meanwhile, and acts only once the turn is, so a turn is stored before any of its effects
-acts (`opened`).
+Such a call may be sent while its turn is being stored (`CallEnvelope.gate`): it runs up to
+its first effect meanwhile, and is claimed, and acts, only once the turn is stored, so a
+turn is stored before any of its effects acts (`claim_when_stored`).
 """
 
 from __future__ import annotations
@@ -87,19 +87,26 @@ class Outcomes:
         self._unclaimed_lock = threading.Lock()
 
     def begin(
-        self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
+        self,
+        job_id: str,
+        turn: int,
+        call_id: str,
+        proc_id: str,
+        max_deliveries: int,
+        now: float,
+        gate: str = "",
     ) -> Begin:
         """The ledger's verdict, waiting for Redis if it is away (the same claim sent again
-        gets the same answer)."""
+        gets the same answer); `gate`: only if its turn is stored (`Ledger.begin`)."""
         claim = (job_id, turn, call_id, proc_id, max_deliveries, now)
         try:  # the common case costs no retry machinery
-            return self.ledger.begin(*claim)
+            return self.ledger.begin(*claim, gate)
         except redis.RedisError as exc:
             if not outage.redis_down(exc):
                 raise
         for attempt in outage.retrying("claiming a call", self.retry_s, outage.redis_down):
             with attempt:
-                return self.ledger.begin(*claim)
+                return self.ledger.begin(*claim, gate)
         raise AssertionError("unreachable")
 
     def begin_finish(
@@ -325,66 +332,44 @@ class Claiming:
         return begun, None if begun.moved else result
 
     def run_claiming(self, envelope: CallEnvelope, claim: Claim) -> tuple[Begin, ToolResult | None]:
-        """Run a tool that `waits_for_claim` while its claim is out (on a thread of the
-        process's own): the verdict, and the result if the claim let it act (its run
-        waited for the verdict at `ToolContext.claimed`)."""
+        """Run a tool that `waits_for_claim` while its claim is out: the verdict, and the
+        result if the claim let it act (its run waited for the verdict at
+        `ToolContext.claimed`). Claimed meanwhile on a thread of the process's own; a call
+        sent while its turn was being stored, at its first effect (its checkpoint stored by
+        then), in one step with the look at its turn's gate."""
+        verdict: Callable[[], Begin]
         if envelope.gate:
-            return self.run_gated(envelope, claim)
-        verdict = self.claims.submit(self.outcomes.begin, *claim)
+            verdict = functools.cache(lambda: self.claim_when_stored(envelope, claim))
+        else:
+            verdict = self.claims.submit(self.outcomes.begin, *claim).result
 
         def lets_it_act() -> bool:
-            begun = verdict.result()
+            begun = verdict()
             return begun.verdict == "run" and not begun.cancelled
 
         def claimed() -> None:
             if not lets_it_act():
-                raise NotClaimed(verdict.result().verdict)
+                raise NotClaimed(verdict().verdict)
 
         try:
             result = self.traced(envelope, claimed=claimed)
         except NotClaimed:
-            return verdict.result(), None
-        # (a run that failed before it asked: the verdict decides)
-        return verdict.result(), result if lets_it_act() else None
-
-    def run_gated(self, envelope: CallEnvelope, claim: Claim) -> tuple[Begin, ToolResult | None]:
-        """Run a tool that `waits_for_claim`, sent while its turn was being stored: claimed
-        first, then run up to its first effect (its checkpoint stored), where it waits for
-        the turn's gate (`opened`); all on this thread. The verdict, and the result if it
-        may act ("void": the turn never was stored, and its claim is undone)."""
-        begun = self.outcomes.begin(*claim)
-        if begun.verdict != "run" or begun.cancelled:
-            return begun, None
-        stored = functools.cache(lambda: self.opened(envelope))  # waited for once
-
-        def claimed() -> None:
-            if not stored():
-                raise NotClaimed("void")
-
-        result: ToolResult | None = None
-        with contextlib.suppress(NotClaimed):
-            result = self.traced(envelope, claimed=claimed)
-        if stored():  # (a run that failed before it asked waits for its turn too)
-            return begun, result
-        return self.void(claim), None
-
-    def void(self, claim: Claim) -> Begin:
-        """The verdict of a call whose turn was never stored, its claim undone."""
-        job_id, turn, call_id, proc_id, _, now = claim
-        try:  # else a live process that no longer holds it: the watchdog lets it go
-            self.outcomes.ledger.unclaim(job_id, turn, call_id, proc_id, now)
-        except redis.RedisError as exc:
-            log.warning("call %s: its claim not undone (%s)", call_id, exc)
-        return Begin("void", "its turn was not stored")
+            return verdict(), None
+        # (a run that failed before it asked: the verdict decides, once its turn is stored)
+        return verdict(), result if lets_it_act() else None
 
     def claim_when_stored(self, envelope: CallEnvelope, claim: Claim) -> Begin:
-        """The ledger's verdict, to act on once the call's turn is stored: a call sent
-        while it was being stored is claimed meanwhile, and its claim undone if the turn
-        never is ("void": it never ran)."""
-        begun = self.outcomes.begin(*claim)
-        if not envelope.gate or begun.verdict != "run" or begun.cancelled:
+        """The ledger's verdict, claimed only once the call's turn is stored: a call sent
+        while it was being stored is claimed at once if its turn's gate is open, else once
+        `opened` says the turn is stored; "void" (nothing claimed) if it never is."""
+        if not envelope.gate:
+            return self.outcomes.begin(*claim)
+        begun = self.outcomes.begin(*claim, gate=envelope.gate)
+        if begun.verdict != "shut":
             return begun
-        return begun if self.opened(envelope) else self.void(claim)
+        if self.opened(envelope):
+            return self.outcomes.begin(*claim)
+        return Begin("void", "its turn was not stored")
 
     def opened(self, envelope: CallEnvelope) -> bool:
         """Whether the turn of a call sent while it was being stored is stored: its gate,

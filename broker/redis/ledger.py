@@ -64,6 +64,12 @@ local cancelled = redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) or ''
 """
 BEGIN = CLAIM + "return {'run', tostring(n), cancelled, again, cfg}"
 
+# BEGIN for a call sent while its turn was being stored: nothing claimed ('shut') while
+# its turn's gate (KEYS[5]), which the orchestrator opens once the turn is stored, is not
+BEGIN_OPENED = (
+    "if redis.call('EXISTS', KEYS[5]) == 0 then return {'shut', '', '', '', ''} end\n" + BEGIN
+)
+
 # CLAIM, then, for a first claim nothing revoked whose configuration (ARGV[7]) is still in
 # force and whose other values (KEYS[6..], each as ARGV[9..] says) did not move, FINISH's
 # record and push of the outcome (ARGV[8]) to KEYS[5]; 'moved' when one of those moved
@@ -110,23 +116,6 @@ end
 return 0
 """
 
-# KEYS: the call; ARGV: its owner, when it started. A claim made while the call's turn was
-# being stored, of a turn that never was, undone: the call never ran. A first claim leaves
-# nothing behind; a later one is let go, as a dead runner's would be.
-UNCLAIM = """
-if redis.call('HGET', KEYS[1], 'status') == 'running'
-  and redis.call('HGET', KEYS[1], 'proc') == ARGV[1]
-  and redis.call('HGET', KEYS[1], 'started_at') == ARGV[2] then
-  if redis.call('HGET', KEYS[1], 'attempts') == '1' then
-    redis.call('DEL', KEYS[1])
-  else
-    redis.call('HSET', KEYS[1], 'status', 'released')
-  end
-  return 1
-end
-return 0
-"""
-
 FINISH = """
 if redis.call('HGET', KEYS[1], 'status') == 'done' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'done', 'outcome', ARGV[1])
@@ -136,8 +125,9 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 
-# "void": sent while its turn was being stored, and that turn was not (CallEnvelope.gate)
-Verdict = Literal["run", "done", "busy", "exhausted", "recorded", "void"]
+# "shut": sent while its turn was being stored (CallEnvelope.gate), and not yet known
+# stored; "void": that turn was not stored
+Verdict = Literal["run", "done", "busy", "exhausted", "recorded", "shut", "void"]
 
 
 @dataclass(frozen=True)
@@ -167,12 +157,23 @@ class Ledger:
         self._begin = client.register_script(BEGIN)
         self._finish = client.register_script(FINISH)
         self._begin_finish = client.register_script(BEGIN_FINISH)
-        self._unclaim = client.register_script(UNCLAIM)
+        self._begin_opened = client.register_script(BEGIN_OPENED)
 
     def begin(
-        self, job_id: str, turn: int, call_id: str, proc_id: str, max_deliveries: int, now: float
+        self,
+        job_id: str,
+        turn: int,
+        call_id: str,
+        proc_id: str,
+        max_deliveries: int,
+        now: float,
+        gate: str = "",
     ) -> Begin:
+        """Claim a call; with `gate` (`CallEnvelope.gate`), only if its turn's gate is open
+        (else "shut", nothing claimed): one round trip for both."""
         names, args = self._begin_args(job_id, turn, call_id, proc_id, max_deliveries, now)
+        if gate:
+            return _verdict(self._begin_opened(keys=[*names, keys.turn_gate(gate)], args=args))
         return _verdict(self._begin(keys=names, args=args))
 
     def begin_finish(
@@ -199,11 +200,6 @@ class Ledger:
             args=[*args, str(config_version), outcome_json, *rests_on.values()],
         )
         return _verdict(found)
-
-    def unclaim(self, job_id: str, turn: int, call_id: str, proc_id: str, now: float) -> bool:
-        """Undo this claim (`begin` with the same owner and start) of a call that never
-        ran; False if the call is no longer held by it."""
-        return bool(self._unclaim(keys=[keys.call(job_id, turn, call_id)], args=[proc_id, now]))
 
     def finish(
         self, job_id: str, turn: int, call_id: str, reply_to: str, outcome_json: str

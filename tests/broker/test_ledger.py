@@ -50,6 +50,21 @@ def test_begin_reads_the_cancel_flags_of_the_job_and_of_the_call(client: redis.R
     assert (revoked.verdict, revoked.cancelled) == ("run", "job cancelled")
 
 
+def test_a_gated_call_is_claimed_only_through_its_open_gate(client: redis.Redis) -> None:
+    """`begin` with a gate: nothing claimed while the turn's gate is shut; once it is open,
+    the claim is made as any is, and answered as any is."""
+    ledger = Ledger(client, ttl_s=60)
+    shut = ledger.begin("job", 0, "c1", "w1", 3, 1.0, gate="g")
+    assert shut.verdict == "shut"
+    assert client.exists(keys.call("job", 0, "c1")) == 0
+    client.rpush(keys.turn_gate("g"), "stored")
+    begun = ledger.begin("job", 0, "c1", "w1", 3, 2.0, gate="g")
+    assert (begun.verdict, begun.detail) == ("run", "1")
+    assert client.hget(keys.call("job", 0, "c1"), "status") == b"running"
+    client.set(keys.proc("w1"), "{}")
+    assert ledger.begin("job", 0, "c1", "w2", 3, 3.0, gate="g").verdict == "busy"
+
+
 def test_a_read_that_ran_is_claimed_and_recorded_in_one_step(client: redis.Redis) -> None:
     """`begin_finish`: the claim of a call that already ran, with its outcome recorded and
     pushed, when the claim is its first, unrevoked, under the configuration it ran under."""
