@@ -3,6 +3,8 @@ scoped to their session and ended with it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from broker.protocol import CallContext
 from workers.execute import run_tool
 from workers.registry import default_registry
 from workers.tool import ToolContext, ToolResult
+from workers.tools.runtime import process
 from workers.tools.runtime.process import end_session
 
 REGISTRY = default_registry()
@@ -83,6 +86,42 @@ def test_sessions_are_separate_limited_and_ended(settings: Settings, workspace: 
     assert other.is_error and "no process" in other.for_llm
     assert end_session(settings, "s1") == 2
     assert "no processes" in call(settings, workspace, action="list").for_llm
+
+
+def sleeping(seconds: str) -> list[int]:
+    """The pids of `sleep <seconds>` commands running on this host."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [b"sleep", seconds.encode()]:
+            found.append(int(pid))
+    return found
+
+
+def test_a_process_still_starting_as_its_session_ends_is_ended_too(
+    settings: Settings, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start` answers before the command runs (a container's exec can take seconds):
+    ending the session then waits for it and kills it, rather than leaving it running
+    with its state removed."""
+    monkeypatch.setattr(process, "START_WAIT_S", 0)
+    started = call(settings, workspace, action="start", command="sleep 3007")
+    state = Path(settings.process_state_dir) / "s1" / started.metadata["id"]
+    assert not (state / "pid").exists()  # its supervisor has not started it yet
+    try:
+        assert end_session(settings, "s1") == 1
+        for _ in range(100):
+            if not sleeping("3007"):
+                break
+            time.sleep(0.05)
+        assert sleeping("3007") == []
+    finally:  # what a failure left running
+        time.sleep(1)
+        for pid in sleeping("3007"):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_dangerous_and_bad_requests(settings: Settings, workspace: Path) -> None:

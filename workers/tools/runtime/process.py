@@ -11,6 +11,7 @@ Processes end with their session: runtime workers kill those of sessions that en
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +34,11 @@ from workers.tools.fs.common import workspace
 from workers.tools.runtime import process_live
 from workers.tools.runtime.exec import host_argv, require_containment
 from workers.tools.runtime.procsup import INFO_FD
+
+log = logging.getLogger("clawq.process")
+
+START_WAIT_S = 2.0  # `start` answers once the command runs, or after this long
+ENDING_WAIT_S = 15.0  # a process still starting as its session ends is waited for this long
 
 SIGNALS = {
     "TERM": signal.SIGTERM,
@@ -168,10 +174,7 @@ class Process(Tool[ProcessInput]):
             env=process_live.prepare(ctx, state, process_id),  # the Redis URL never in argv
         )
         threading.Thread(target=supervisor.wait, daemon=True).start()  # reaped at its end
-        for _ in range(100):  # the supervisor writes the pid once the command runs
-            if (state / "pid").exists():
-                break
-            time.sleep(0.02)
+        _started(state, START_WAIT_S)
         return ToolResult(
             for_llm=f"started {process_id}: {args.command}\nread its output with "
             f'{{"action": "read", "id": "{process_id}"}}',
@@ -272,17 +275,36 @@ def send_signal(state: Path, name: str, sandbox: Sandbox | None = None) -> ToolR
         raise ToolError(f"{state.name} has not started yet")
     try:
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        return ToolResult(for_llm=f"{state.name} had already exited")
+    except ProcessLookupError:  # just started, not yet leading its group: itself
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return ToolResult(for_llm=f"{state.name} had already exited")
     return ToolResult(for_llm=f"sent {sig.name} to {state.name}")
 
 
+def _started(state: Path, wait_s: float) -> bool:
+    """Whether the process has started (its supervisor writes the pid once the command
+    runs) or ended, waiting up to `wait_s` for it."""
+    deadline = time.monotonic() + wait_s
+    while not ((state / "pid").exists() or (state / "code").exists()):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def end_session(settings: Settings, session: str, sandbox: Sandbox | None = None) -> int:
-    """Kill every process of an ended session and remove its state; returns how many."""
+    """Kill every process of an ended session and remove its state; returns how many. A
+    process still starting (a container's exec can take seconds) is waited for, so that it
+    is not left running once its state is gone."""
     home = state_root(settings) / _safe(session)
     killed = 0
     for state in _states(home):
-        if (state / "code").exists() or not (state / "pid").exists():
+        if not _started(state, ENDING_WAIT_S):
+            log.warning("process %s had not started %gs on: not ended", state.name, ENDING_WAIT_S)
+            continue
+        if (state / "code").exists():
             continue
         try:
             send_signal(state, "KILL", sandbox)
