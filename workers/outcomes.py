@@ -86,19 +86,9 @@ class Outcomes:
         self.unclaimed: dict[str, Unclaimed] = {}
         self._unclaimed_lock = threading.Lock()
 
-    def begin(
-        self,
-        job_id: str,
-        turn: int,
-        call_id: str,
-        proc_id: str,
-        max_deliveries: int,
-        now: float,
-        gate: str = "",
-    ) -> Begin:
+    def begin(self, claim: Claim, gate: str = "") -> Begin:
         """The ledger's verdict, waiting for Redis if it is away (the same claim sent again
         gets the same answer); `gate`: only if its turn is stored (`Ledger.begin`)."""
-        claim = (job_id, turn, call_id, proc_id, max_deliveries, now)
         try:  # the common case costs no retry machinery
             return self.ledger.begin(*claim, gate)
         except redis.RedisError as exc:
@@ -126,7 +116,7 @@ class Outcomes:
         except redis.RedisError as exc:
             if not outage.redis_down(exc):
                 raise
-        return replace(self.begin(*claim), moved=bool(rests_on))
+        return replace(self.begin(claim), moved=bool(rests_on))
 
     @contextlib.contextmanager
     def running_unclaimed(self, claim: Claim) -> Iterator[Unclaimed]:
@@ -158,7 +148,7 @@ class Outcomes:
             for u in due:
                 assert u.verdict is not None
                 try:  # waits for a Redis that is away, as any claim does
-                    u.verdict.set_result(self.begin(*u.claim))
+                    u.verdict.set_result(self.begin(u.claim))
                 except BaseException as exc:
                     u.verdict.set_exception(exc)
 
@@ -341,7 +331,7 @@ class Claiming:
         if envelope.gate:
             verdict = functools.cache(lambda: self.claim_when_stored(envelope, claim))
         else:
-            verdict = self.claims.submit(self.outcomes.begin, *claim).result
+            verdict = self.claims.submit(self.outcomes.begin, claim).result
 
         def lets_it_act() -> bool:
             begun = verdict()
@@ -363,12 +353,12 @@ class Claiming:
         while it was being stored is claimed at once if its turn's gate is open, else once
         `opened` says the turn is stored; "void" (nothing claimed) if it never is."""
         if not envelope.gate:
-            return self.outcomes.begin(*claim)
-        begun = self.outcomes.begin(*claim, gate=envelope.gate)
+            return self.outcomes.begin(claim)
+        begun = self.outcomes.begin(claim, gate=envelope.gate)
         if begun.verdict != "shut":
             return begun
         if self.opened(envelope):
-            return self.outcomes.begin(*claim)
+            return self.outcomes.begin(claim)
         return Begin("void", "its turn was not stored")
 
     def opened(self, envelope: CallEnvelope) -> bool:
