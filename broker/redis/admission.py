@@ -22,6 +22,10 @@ from broker.config.settings import Settings
 ADMIT = """
 local now = tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then  -- admitted before: its call ran again
+  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[8]), ARGV[1])
+  return {1, 'admitted', redis.call('ZCARD', KEYS[1]), redis.call('SCARD', KEYS[2])}
+end
 local depth, max_depth = tonumber(ARGV[3]), tonumber(ARGV[4])
 if depth > max_depth then return {0, 'depth', depth, max_depth} end
 local running = redis.call('ZCARD', KEYS[1])

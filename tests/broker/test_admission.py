@@ -30,9 +30,12 @@ def test_each_limit_and_its_message(client: redis.Redis) -> None:
     assert slots.admit("a", "p", 1).admitted and slots.admit("b", "p", 1).admitted
     children = slots.admit("c", "p", 1)
     assert (children.admitted, children.limit, children.current) == (False, "children", 2)
+    assert slots.admit("b", "p", 1).admitted  # b again (its call ran again): not a third
     assert slots.admit("d", "q", 1).admitted
     busy = slots.admit("e", "r", 1)
     assert (busy.limit, busy.current, busy.maximum) == ("concurrency", 3, 3)
+    again = slots.admit("d", "q", 1)  # d again, at the cluster's limit: its own slot
+    assert (again.admitted, again.current) == (True, 3)
     slots.release("a")
     assert slots.admit("e", "r", 1).admitted  # a running slot came back...
     slots.release("b")

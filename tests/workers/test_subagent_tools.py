@@ -115,3 +115,47 @@ def test_cancel_by_id_signals_the_child(
     finally:
         client.close()
         store.close()
+
+
+def test_a_spawn_run_again_for_its_call_makes_no_second_child(isolated: Isolated) -> None:
+    """The ledger runs a call again when its process was taken for dead (its heartbeat
+    lapsed under load): the second run of a spawn finds the child the first made. On a real
+    Redis and PostgreSQL, the agent run published to the real `agents` queue."""
+    from broker.celery.app import create_app
+    from workers.tools.sessions.subagents import spawn
+
+    store = Store(isolated.database_url)
+    client = redis.Redis.from_url(isolated.redis_url)
+    app = create_app(isolated.settings)
+    try:
+        spec = JobSpec(prompt="p", workspace="/tmp", model="openai/gpt-4o-mini")
+        store.create_job("parent", "parent", spec)
+
+        def run(call_id: str) -> str:
+            ctx = ToolContext(
+                context=CallContext(workspace="/tmp"),
+                settings=isolated.settings,
+                job_id="parent",
+                turn=1,
+                call_id=call_id,
+                session_id="parent",
+                store=lambda: store,
+                redis=client,
+                celery=lambda: app,
+            )
+            return spawn(ctx, "look around", "scout", announce=True)
+
+        first = run("s1")
+        assert run("s1") == first  # the same call, run again
+        other = run("s2")
+        assert other != first
+        rows = store.conn.execute(
+            "SELECT id FROM jobs WHERE parent_id = 'parent' ORDER BY id"
+        ).fetchall()
+        assert sorted(r["id"] for r in rows) == sorted([first, other])
+        assert client.scard(keys.subagent_children("parent")) == 2  # counted once each
+        assert client.zcard(keys.SUBAGENTS_RUNNING) == 2
+    finally:
+        app.close()
+        client.close()
+        store.close()

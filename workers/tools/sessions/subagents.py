@@ -46,8 +46,19 @@ def cut_utf8(text: str, max_bytes: int) -> str:
     return text.encode()[:max_bytes].decode(errors="ignore")
 
 
+def child_of(ctx: ToolContext) -> str:
+    """The id of the child this call spawns: the same for every run of the call, so a run
+    the ledger repeats (its process was taken for dead) finds the child the first made."""
+    if not (ctx.job_id and ctx.call_id):
+        return uuid.uuid4().hex
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"clawq:{ctx.job_id}/{ctx.turn}/{ctx.call_id}").hex
+
+
 def spawn(ctx: ToolContext, task: str, label: str, announce: bool) -> str:
-    """Admit, record and start one child of the calling job; returns its id."""
+    """Admit, record and start one child of the calling job; returns its id. Run again for
+    the same call, it admits, records and starts that same child: each step is idempotent
+    (admission knows the child, the row is inserted once, an agent run already taken is
+    left as it is)."""
     store, client = _need(ctx)
     row = store.job(ctx.job_id)
     if row is None:
@@ -70,7 +81,7 @@ def spawn(ctx: ToolContext, task: str, label: str, announce: bool) -> str:
             lease_s=s.subagent_queue_lease_s,  # until an orchestrator takes it
         ),
     )
-    child = uuid.uuid4().hex
+    child = child_of(ctx)
     admission = slots.admit(child, ctx.session_id, depth)
     if not admission.admitted:
         raise ToolError(admission.message())
