@@ -257,3 +257,33 @@ def test_a_resent_call_is_answered_from_the_ledger_or_left_to_its_runner(
             task.cancel()
 
     run(isolated, body)
+
+
+def test_the_reply_listener_resolves_every_outcome_pushed_and_drops_what_is_unreadable(
+    isolated: Isolated,
+) -> None:
+    """Outcomes pushed as workers push them (LPUSH), several before the listener reads:
+    every waiting call gets its own, an unreadable entry is dropped, the list is drained."""
+    from broker.protocol import CallOutcome
+
+    async def body(dispatcher: Dispatcher) -> None:
+        r = dispatcher.redis
+        waiting = [await sent(dispatcher, c) for c in ("a", "b", "c")]
+        for raw in ("a", "b", "not json", "c"):
+            if raw == "not json":
+                await r.lpush(dispatcher.reply_key, raw)
+                continue
+            outcome = CallOutcome(call_id=raw, job_id="j", turn=0, for_llm=f"out {raw}")
+            await r.lpush(dispatcher.reply_key, outcome.model_dump_json())
+        listener = aioredis.Redis.from_url(isolated.redis_url)
+        listening = asyncio.create_task(dispatcher.listen(listener))
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*(p.future for p in waiting)), 5)
+            assert [o.for_llm for o in done] == ["out a", "out b", "out c"]
+            assert await r.llen(dispatcher.reply_key) == 0
+        finally:
+            dispatcher.stop()
+            await listening
+            await listener.aclose()
+
+    run(isolated, body)
