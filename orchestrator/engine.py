@@ -32,7 +32,6 @@ from broker.redis.admission import reclaim_slot
 from broker.redis.agent_queue import AgentQueue, AgentRun
 from broker.redis.announce import AnnounceQueue
 from broker.redis.connections import async_redis, patient_redis, retry_pause
-from broker.redis.durability import require_version
 from broker.redis.presence import process_id
 from broker.redis.ratelimit import RateLimiter
 from orchestrator.calls.approvals import ApprovalAnswer, Approvals
@@ -106,11 +105,13 @@ class Orchestrator:
         queues = [g.value for g in Group] + [AGENTS_QUEUE]  # their depths, read at scrape
         metrics.serve(self.settings.metrics_port, self.settings.redis_url, queues)
         self.redis = async_redis(self.settings)
-        await require_version(self.redis)
         listen_redis = aioredis.Redis.from_url(self.settings.redis_url)
         agents_redis = aioredis.Redis.from_url(self.settings.redis_url)  # its blocking take
-        s = self.settings
-        self.store = AsyncStore(s.database_url, s.database_pool_size, outage_s=s.outage_retry_s)
+        self.store = AsyncStore(
+            self.settings.database_url,
+            self.settings.database_pool_size,
+            outage_s=self.settings.outage_retry_s,
+        )
         await self.store.open()
         http = model_client(self.settings.model_timeout_s, self.settings.model_connections)
         self.dispatcher = Dispatcher(self.app, self.redis, self.settings, self.id)

@@ -1,7 +1,7 @@
 """Sending tool calls to their queues and waking the awaiting loop when outcomes arrive.
 
-One listener per orchestrator process pops outcomes from its reply list (BLMPOP, Redis 7:
-pushed, never polled per call; what queued behind the first comes in the same command) and
+One listener per orchestrator process pops outcomes from its reply list (BRPOP: pushed,
+never polled per call; what queued behind the first comes in the same round trip) and
 resolves the waiting futures. A watchdog (every heartbeat interval) finds the calls that
 nobody holds any more and sends them again, marked `resent`; the worker-side ledger caps
 deliveries and answers repeats:
@@ -28,7 +28,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -171,20 +171,20 @@ class Dispatcher(CallWatchdog):
         Stopped with `stop()`, not by cancelling: redis-py may retry a blocking read that a
         cancellation interrupted, and the cancellation is then lost."""
         while not self.stopping.is_set():
-            try:  # the first outcome, waited for, and what queued behind it: one command
-                found = await client.blmpop(
-                    1, 1, self.reply_key, direction="RIGHT", count=REPLIES_PER_READ
-                )
+            try:  # the first outcome, waited for, and what queued behind it: one round trip
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.brpop([self.reply_key], timeout=1)
+                    pipe.rpop(self.reply_key, REPLIES_PER_READ)
+                    first, rest = await pipe.execute()
             except aioredis.RedisError as exc:  # reconnects on the next call
                 await retry_pause(exc, "reply listener")
                 continue
-            replies = cast("list[bytes]", found[1]) if found else []  # [key, [values]]
-            for raw in replies:
+            for raw in ([first[1]] if first else []) + (rest or []):
                 try:
                     self._resolve(CallOutcome.model_validate_json(raw))
                 except ValueError:
                     log.error("unreadable outcome dropped: %r", raw[:200])
-            if found:  # the waiting jobs go on before the next read is sent
+            if first:  # the waiting jobs go on before the next read is sent
                 await asyncio.sleep(0)
 
 
