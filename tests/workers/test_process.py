@@ -130,3 +130,41 @@ def test_dangerous_and_bad_requests(settings: Settings, workspace: Path) -> None
     assert call(settings, workspace, action="read").is_error  # no id
     assert call(settings, workspace, action="signal", id="x.y", signal="BOGUS").is_error
     assert call(settings, workspace, action="start", command="true", working_dir="../..").is_error
+
+
+def test_a_read_beside_the_supervisors_writes_sees_its_output_whole_and_within_the_cap(
+    tmp_path: Path,
+) -> None:
+    """The supervisor appends output and trims it to the cap (the file replaced, then the
+    count of what it dropped written); reads made meanwhile must each see one state of the
+    two: never more than the cap, and every byte at its place in the stream."""
+    import re
+    import threading
+
+    from workers.tools.runtime.process import read_output
+    from workers.tools.runtime.procsup import Sink
+
+    cap, lines = 1024, 10_000
+    stream = b"".join(b"%09d\n" % i for i in range(lines))
+    sink = Sink(tmp_path, cap)
+
+    def write() -> None:
+        for at in range(0, len(stream), 100):
+            sink.write(stream[at : at + 100])
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    position, reads = 0, 0
+    while writer.is_alive() or position < len(stream):
+        text = read_output(tmp_path, 1_000_000).for_llm
+        reads += 1
+        skipped = re.search(r"\[(\d+) bytes of output were dropped", text)
+        position += int(skipped.group(1)) if skipped else 0
+        chunk = text.split("\n[", 1)[0].encode() if not text.startswith("[") else b""
+        if chunk:
+            chunk += b"\n"
+        assert len(chunk) <= cap, (reads, len(chunk))
+        assert chunk == stream[position : position + len(chunk)], reads
+        position += len(chunk)
+    writer.join()
+    assert reads > 50  # the reads did meet the writes

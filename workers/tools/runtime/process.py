@@ -33,7 +33,7 @@ from workers.tool import SideEffect, Tool, ToolContext, ToolError, ToolInput, To
 from workers.tools.fs.common import workspace
 from workers.tools.runtime import process_live
 from workers.tools.runtime.exec import host_argv, require_containment
-from workers.tools.runtime.procsup import INFO_FD
+from workers.tools.runtime.procsup import INFO_FD, output_locked
 
 log = logging.getLogger("clawq.process")
 
@@ -213,11 +213,9 @@ def _text(path: Path) -> str | None:
 
 def read_output(state: Path, max_bytes: int) -> ToolResult:
     """Output since the last read (bounded); says how much was dropped and whether it ended."""
-    for _ in range(5):
+    with output_locked(state):  # the output and its dropped count as one state
         dropped = int(_text(state / "dropped") or 0)
         data = (state / "out").read_bytes() if (state / "out").exists() else b""
-        if int(_text(state / "dropped") or 0) == dropped:
-            break
     cursor = int(_text(state / "cursor") or 0)
     notes = []
     if cursor < dropped:

@@ -18,12 +18,14 @@ to the group reaches the command's tree, and SIGKILL ends the whole namespace.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from workers.tools.runtime.live_output import LiveOutput
@@ -31,6 +33,15 @@ from workers.tools.runtime.process_live import feed, tell
 
 CHUNK = 65536
 INFO_FD = 63  # where bubblewrap writes the pid of the command's namespace (see argv)
+
+
+@contextmanager
+def output_locked(state: Path) -> Iterator[None]:
+    """Held while the output and the count of what it dropped change, and while a reader
+    reads them: it sees them as one state (a trim replaces the file, then counts)."""
+    with open(state / "lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released as the file closes
+        yield
 
 
 class Sink:
@@ -43,17 +54,18 @@ class Sink:
         self.kept = self.dropped = 0
 
     def write(self, chunk: bytes) -> None:
-        with self.out.open("ab") as fh:
-            fh.write(chunk)
-        self.kept += len(chunk)
-        if self.kept > self.cap:
-            data = self.out.read_bytes()[self.kept - self.cap :]
-            self.dropped += self.kept - self.cap
-            self.kept = self.cap
-            tmp = self.state / "out.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, self.out)
-            (self.state / "dropped").write_text(str(self.dropped))
+        with output_locked(self.state):
+            with self.out.open("ab") as fh:
+                fh.write(chunk)
+            self.kept += len(chunk)
+            if self.kept > self.cap:
+                data = self.out.read_bytes()[self.kept - self.cap :]
+                self.dropped += self.kept - self.cap
+                self.kept = self.cap
+                tmp = self.state / "out.tmp"
+                tmp.write_bytes(data)
+                os.replace(tmp, self.out)
+                (self.state / "dropped").write_text(str(self.dropped))
 
 
 def supervise(state: Path, cap: int) -> int:
