@@ -19,6 +19,7 @@ import redis
 from broker import keys
 from broker.protocol import FINAL_STATUSES
 from broker.redis.presence import live_processes
+from orchestrator.client.base import Job
 from tests.integration.conftest import Cluster, call, script, start_cluster, wait_until
 
 LIMIT = 8
@@ -141,23 +142,27 @@ def test_a_spawn_storm_stays_within_the_limits(cluster: Cluster, workspace: Path
     assert LIMIT // 2 <= most <= LIMIT, most
 
 
-def test_a_sigkilled_childs_slot_is_freed(cluster: Cluster, workspace: Path) -> None:
-    parent = cluster.client.submit(
-        "one long child",
+def spawning_one(cluster: Cluster, workspace: Path, label: str, command: str, says: str) -> Job:
+    """A parent job that spawns one child (call `s`), which runs `command` (call `w`) and
+    ends saying `says`."""
+    return cluster.client.submit(
+        f"one child: {label}",
         workspace=str(workspace),
         script={
             "turns": [
-                {"tool_calls": [call("s", "sessions_spawn", task="long", label="long")]},
+                {"tool_calls": [call("s", "sessions_spawn", task=label, label=label)]},
                 {"text": "spawned"},
             ],
             "subagents": {
-                "long": script(
-                    {"tool_calls": [call("w", "exec", command="sleep 6")]}, {"text": "survived"}
-                )
+                label: script({"tool_calls": [call("w", "exec", command=command)]}, {"text": says})
             },
             "on_announce": script({"text": "noted"}),
         },
     )
+
+
+def test_a_sigkilled_childs_slot_is_freed(cluster: Cluster, workspace: Path) -> None:
+    parent = spawning_one(cluster, workspace, "long", "sleep 6", "survived")
     parent.wait(timeout=60)
     child = parent.subagents()[0].id
     sampler = Sampler(cluster.iso.redis_url)
@@ -193,20 +198,7 @@ def test_a_spawn_whose_worker_was_taken_for_dead_makes_one_child(
     run too. One child is made, and its work runs once. Both runs are held at the child's
     insert (its session's row: the test holds a SHARE lock on `sessions`) until then."""
     once = 'python3 -c \'import tempfile; tempfile.mkstemp(dir=".", prefix="ran.")\''
-    parent = cluster.client.submit(
-        "spawn once",
-        workspace=str(workspace),
-        script={
-            "turns": [
-                {"tool_calls": [call("s", "sessions_spawn", task="once", label="once")]},
-                {"text": "spawned"},
-            ],
-            "subagents": {
-                "once": script({"tool_calls": [call("w", "exec", command=once)]}, {"text": "ok"})
-            },
-            "on_announce": script({"text": "noted"}),
-        },
-    )
+    parent = spawning_one(cluster, workspace, "once", once, "ok")
     client = redis.Redis.from_url(cluster.iso.redis_url)
     holder = psycopg.connect(cluster.iso.database_url, autocommit=False)
     holder.execute("LOCK TABLE sessions IN SHARE MODE")  # no session is made until released
