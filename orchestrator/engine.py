@@ -334,8 +334,7 @@ class Orchestrator:
                         await run.abandon_turn("the job was cancelled")
                         await run.finish("cancelled", "", "cancelled by request")
                         break
-                    with contextlib.suppress(aioredis.RedisError):
-                        await run.flush()  # shutting down: what happened is still told
+                    await run.let_go()  # shutting down: its write lands, its events go
                     await self.redis.delete(keys.lease(run.job_id))
                     raise
         except (psycopg.OperationalError, aioredis.ConnectionError, aioredis.TimeoutError) as exc:

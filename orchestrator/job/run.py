@@ -1,8 +1,9 @@
 """The agent loop of one job: model turn, tool calls through the queues, repeat.
 
-Every message is persisted before the next step, so a job can be resumed from its
-transcript; tool calls are keyed by job, turn and call id so a resumed turn is answered
-from the ledger instead of running its calls again.
+Every message is persisted, in order, before anything acts on it (a turn that only reads
+is written while its reads run and the model is asked again; the next write waits for
+it), so a job can be resumed from its transcript; tool calls are keyed by job, turn and
+call id so a resumed turn is answered from the ledger instead of running its calls again.
 """
 
 from __future__ import annotations
@@ -221,7 +222,9 @@ class JobRun(JobContext):
                     # reads the stream started, and effects sent gated: published first
                     if current.storing_begins() or current.running():
                         await asyncio.sleep(0)
-                    await self.append(reply, turn=turn)
+                    # a turn whose calls only read, all on their way, goes on while it is
+                    # written: the next write waits for it, nothing acts before it is stored
+                    await self.append(reply, turn=turn, wait=not current.reads_only(reply))
                     await current.stored_now()
                 except BaseException:
                     current.cut()  # not stored: what waited for it never goes

@@ -5,8 +5,11 @@ a resumed job finds every step it took."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+
+import redis.asyncio as aioredis
 
 from broker.pg.transcript_writes import Results
 from broker.protocol import (
@@ -58,24 +61,30 @@ class JobTranscript(JobState):
             self.defer("steered", text="\n\n".join(begun.steered)[:2000])
         await self.emit("turn_started", turn=turn + 1)
 
-    async def append(self, message: Message, turn: int = 0) -> None:
-        """Store one message (a model turn with the calls it queues) and wait for it."""
+    async def append(self, message: Message, turn: int = 0, wait: bool = True) -> None:
+        """Store one message (a model turn with the calls it queues), after the write
+        before it, and wait for it. `wait=False` (a turn whose calls only read): the job
+        goes on while it is written; the next write, or the job's end, waits for it."""
         calls = [(c.id, c.name, c.input, self._queue_of(c.name)) for c in message.tool_calls]
-        await self.written()  # results whose next message came late: being written alone
+        await self.written()  # the write before: in order, at most one in flight
         results = self.take_results()
-        await self.s.store.append_message(
-            self.session_id,
-            self.job_id,
-            len(self.messages),
-            message.role,
-            message.content(),
-            turn=turn,
-            calls=calls,
-            iterations=self.turns + 1 if message.role == "assistant" else None,
-            results=results,
+        self.writing = asyncio.ensure_future(
+            self.s.store.append_message(
+                self.session_id,
+                self.job_id,
+                len(self.messages),
+                message.role,
+                message.content(),
+                turn=turn,
+                calls=calls,
+                iterations=self.turns + 1 if message.role == "assistant" else None,
+                results=results,
+            )
         )
         self.messages.append(message)
         self._turns += self._counts(message)
+        if wait:
+            await self.written()
 
     async def record(
         self,
@@ -99,22 +108,29 @@ class JobTranscript(JobState):
                 for i, (c, o) in enumerate(zip(calls, ordered, strict=True))
             ],
         )
-        await self.settle()
+        if self.unwritten is not None:  # one turn's results are held at a time
+            await self.settle()
         # held for the model's next message (one statement for both), or written after
         # `results_write_delay_s` if that comes later: the job goes on meanwhile, the next
         # write of the job includes or waits for them (the transcript never has a gap), and
-        # the outcomes are in the ledger (a resumed turn is answered from there)
+        # the outcomes are in the ledger (a resumed turn is answered from there). The
+        # turn's own write may still be in flight (a turn that only read): its results
+        # are written after it.
         self.unwritten = Results(len(self.messages), message.content(), ordered)
         delay = self.s.settings.results_write_delay_s
         self.write_timer = asyncio.get_running_loop().call_later(delay, self.write_results)
         self.messages.append(message)
 
     def write_results(self) -> None:
-        """Start writing the held results on their own (the next message is late)."""
-        if self.writing is None and (results := self.take_results()) is not None:
-            self.writing = asyncio.ensure_future(
-                self.s.store.record_outcomes(self.session_id, self.job_id, results)
-            )
+        """Start writing the held results on their own (the next message is late), after
+        the write in flight."""
+        if (results := self.take_results()) is not None:
+            self.writing = asyncio.ensure_future(self._write_results(self.writing, results))
+
+    async def _write_results(self, before: asyncio.Future[None] | None, results: Results) -> None:
+        if before is not None:
+            await before  # its failure is this one's: nothing is written past a gap
+        await self.s.store.record_outcomes(self.session_id, self.job_id, results)
 
     def take_results(self) -> Results | None:
         """The held results, for the next write to carry."""
@@ -131,6 +147,13 @@ class JobTranscript(JobState):
         if self.unwritten is not None:
             self.write_results()
             await self.written()
+
+    async def let_go(self) -> None:
+        """Before this process lets the job go (its lease deleted, for another to resume):
+        its transcript write in flight lands, and what happened is still told."""
+        await self.written()
+        with contextlib.suppress(aioredis.RedisError):
+            await self.flush()
 
     async def written(self) -> None:
         """Wait for the transcript write in flight; its failure surfaces here, once."""

@@ -11,9 +11,10 @@ acts (`Tool.waits_for_claim`: a file's write, which stores its checkpoint meanwh
 sent as the turn's write goes out, gated: its worker claims it once the write has
 committed and the turn's gate opens (workers/outcomes.py, `Claiming.opened`). A read of
 the transcript itself waits for the write: it sees the turn and every result before it
-(they are written with the turn). When an exec
-fails, its still-running siblings are stopped (the error cascade). Results are recorded
-once, in the model's order, each under its original id.
+(they are written with the turn). A turn of reads alone goes on while it is written
+(`reads_only`): nothing of it waits for the write, and the job's next write waits for it.
+When an exec fails, its still-running siblings are stopped (the error cascade). Results
+are recorded once, in the model's order, each under its original id.
 
 A call that needs a person (an approval, a question) asks once the turn is stored, and
 waits in memory for up to `park_after_s`; once nothing else of the turn runs, the turn
@@ -39,7 +40,7 @@ from broker.stores import requests
 from broker.stores.requests import PersonRequest
 from orchestrator.calls.gate import Ready, Refused
 from orchestrator.calls.pending import cancelled_outcome
-from orchestrator.conversation import ToolCall
+from orchestrator.conversation import Message, ToolCall
 
 if TYPE_CHECKING:
     from orchestrator.job.calls import JobCalls
@@ -361,6 +362,12 @@ class TurnCalls:
         took 0.4 ms of the process before the publish left, bench (i)). What reads the
         transcript is held for the write instead (`Tool.reads_transcript`)."""
         return any(not t.done() for t in self.going)
+
+    def reads_only(self, reply: Message) -> bool:
+        """Every call came with the stream, a read on its way: none waits for the turn's write."""
+        return len(reply.tool_calls) == len(self.calls) > 0 and all(
+            i in self.outcomes or self.tasks.get(i) in self.going for i in range(len(self.calls))
+        )
 
     def idle(self) -> bool:
         """Nothing of the turn runs: every call left waits for a person, or behind one."""

@@ -250,16 +250,20 @@ def test_a_write_of_a_stream_that_breaks_off_never_runs(
     assert not (workspace / "never.txt").exists()  # its turn was never stored: never sent
 
 
+@pytest.mark.parametrize(
+    ("tool", "given"), [("write_file", {"path": "slow.txt", "content": "x"}), ("list_files", {})]
+)
 def test_results_are_stored_while_a_slow_model_thinks(
-    cluster: Cluster, server: ModelServer, workspace: Path
+    cluster: Cluster, server: ModelServer, workspace: Path, tool: str, given: dict[str, str]
 ) -> None:
     """A turn's results wait for the model's next message to share its write, but not for
-    longer than `results_write_delay_s`: a slow model does not keep them out of the store."""
+    longer than `results_write_delay_s`: a slow model does not keep them out of the store.
+    A turn that only reads is asked on from before its own write is waited for: its
+    results are written after that write, on time all the same."""
     import psycopg
 
-    args = json.dumps({"path": "slow.txt", "content": "x"})
     call = {"index": 0, "id": "call_w", "type": "function"}
-    call["function"] = {"name": "write_file", "arguments": args}
+    call["function"] = {"name": tool, "arguments": json.dumps(given)}
     server.reply_sse(
         sse(openai({"role": "assistant", "tool_calls": [call]}), openai({}, "tool_calls"))
     )
@@ -290,4 +294,5 @@ def test_results_are_stored_while_a_slow_model_thinks(
     result = job.wait(timeout=60)
     assert held and during == ("done", ["user", "assistant", "tool"])
     assert result.status == "completed" and result.final_text == "thinking done"
-    assert (workspace / "slow.txt").read_text() == "x"
+    written = (workspace / "slow.txt").read_text() if tool == "write_file" else None
+    assert written == given.get("content")

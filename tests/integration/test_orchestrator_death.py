@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from broker import keys
+from broker.protocol import Event
 from orchestrator.client.base import Job
 from tests.integration.conftest import Cluster, start_cluster, wait_until
 
@@ -77,15 +78,15 @@ def test_job_resumes_on_another_orchestrator(cluster: Cluster, workspace: Path) 
         second.wait(15)
 
 
-HOLD = 4242  # an advisory lock: while the test holds it, a write_file's turn is not stored
+HOLD = 4242  # an advisory lock: while the test holds it, a turn calling the tool is not stored
 
 # the turn's write waits in a trigger until the test lets it go: as a slow commit would
-HOLD_TRIGGER = f"""
+HOLD_TRIGGER = """
 CREATE OR REPLACE FUNCTION clawq_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF NEW.name = 'write_file' AND NEW.status = 'queued' THEN
-    PERFORM pg_advisory_lock_shared({HOLD});
-    PERFORM pg_advisory_unlock_shared({HOLD});
+  IF NEW.name = '{tool}' AND NEW.status = 'queued' THEN
+    PERFORM pg_advisory_lock_shared({lock});
+    PERFORM pg_advisory_unlock_shared({lock});
   END IF;
   RETURN NEW;
 END $$;
@@ -103,10 +104,12 @@ WRITE = {
 
 
 @pytest.fixture
-def held(cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
-    """A connection holding back every write_file's turn from being stored, till released."""
+def held(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[psycopg.Connection[Any]]:
+    """A connection holding back every turn that calls a tool (write_file, or the one
+    the test gives) from being stored, till released."""
+    tool = getattr(request, "param", "write_file")
     db = psycopg.connect(cluster.iso.database_url, autocommit=True)
-    db.execute(HOLD_TRIGGER)
+    db.execute(HOLD_TRIGGER.format(tool=tool, lock=HOLD))
     db.execute("SELECT pg_advisory_lock(%s)", (HOLD,))
     try:
         yield db
@@ -156,6 +159,17 @@ def write_sent_while_stored(
     return job
 
 
+def killed_while_held(client: redis.Redis, held: psycopg.Connection[Any], job: Job) -> None:
+    """The job's orchestrator killed while its held write waits, which never commits."""
+    owner = client.get(keys.lease(job.id))
+    assert owner is not None
+    os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGKILL)
+    blocked = held.execute(WAITING, (HOLD,)).fetchone()
+    assert blocked is not None
+    held.execute("SELECT pg_terminate_backend(%s)", (blocked[0],))  # never committed
+    held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
+
+
 def test_a_write_acts_only_once_its_turn_is_stored(
     cluster: Cluster,
     workspace: Path,
@@ -173,13 +187,7 @@ def test_a_write_acts_only_once_its_turn_is_stored(
     assert not (workspace / "out.txt").exists()
     assert client.exists(keys.call(job.id, 0, "w")) == 0  # never claimed
     orchestrators()  # one to resume it
-    owner = client.get(keys.lease(job.id))
-    assert owner is not None
-    os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGKILL)
-    blocked = held.execute(WAITING, (HOLD,)).fetchone()
-    assert blocked is not None
-    held.execute("SELECT pg_terminate_backend(%s)", (blocked[0],))  # never committed
-    held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
+    killed_while_held(client, held, job)
     result = job.wait(timeout=60)
     assert result.status == "completed" and result.final_text == "written"
     assert (workspace / "out.txt").read_text() == "a line\n"  # once
@@ -211,3 +219,51 @@ def test_a_write_whose_turn_is_stored_late_acts_once(
     assert (workspace / "out.txt").read_text() == "a line\n"
     (call,) = result.tool_calls
     assert not call.is_error and call.attempts == 2, call
+
+
+READ_THEN_WRITE = {
+    "turns": [
+        {"tool_calls": [{"id": "r", "name": "list_files", "input": {}}]},
+        {"tool_calls": [{"id": "w", "name": "write_file", "input": LINE}]},
+        {"text": "written"},
+    ]
+}
+
+
+@pytest.mark.parametrize("held", ["list_files"], indirect=True)
+def test_a_turn_that_only_reads_goes_on_while_stored_and_nothing_acts_before_it(
+    cluster: Cluster,
+    workspace: Path,
+    held: psycopg.Connection[Any],
+    orchestrators: Callable[[], None],
+    client: redis.Redis,
+) -> None:
+    """A turn whose one call reads does not wait for its own write: its read runs, and the
+    model is asked again while the turn is held in PostgreSQL. The next turn's write_file
+    is sent, but does not act: its turn is stored after the one before, which never is.
+    Its orchestrator is killed there; another resumes the job from the transcript it has
+    (the read turn not in it): the model is asked again from there, and the file is
+    written once."""
+    orchestrators()  # one to run it
+    job = cluster.client.submit("x", workspace=str(workspace), script=READ_THEN_WRITE)
+    stream = keys.events(job.id)
+
+    def queued(call_id: str) -> bool:
+        events = [Event.model_validate_json(f[b"e"]) for _, f in client.xrange(stream)]
+        return any(
+            e.type == "tool_call_queued" and e.data.get("call_id") == call_id for e in events
+        )
+
+    wait_until(lambda: held.execute(WAITING, (HOLD,)).fetchone() is not None, 20, "held")
+    wait_until(lambda: queued("w"), 10, "the next turn asked while the read turn is held")
+    time.sleep(3)  # the write's worker took it, found its turn not stored, and let it go
+    assert not (workspace / "out.txt").exists()
+    assert client.exists(keys.call(job.id, 1, "w")) == 0  # never claimed
+    orchestrators()  # one to resume it
+    killed_while_held(client, held, job)
+    result = job.wait(timeout=60)
+    assert result.status == "completed" and result.final_text == "written"
+    assert (workspace / "out.txt").read_text() == "a line\n"  # once
+    assert [c.id for c in result.tool_calls] == ["r", "w"]
+    starts = [e.data["resumed"] for e in job.events() if e.type == "job_started"]
+    assert starts == [False, True]
