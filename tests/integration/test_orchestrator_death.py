@@ -230,6 +230,24 @@ READ_THEN_WRITE = {
 }
 
 
+def read_turn_held(cluster: Cluster, held: psycopg.Connection[Any], workspace: Path) -> Job:
+    """A job of a read turn, then a write, once the read turn's write is held."""
+    job = cluster.client.submit("x", workspace=str(workspace), script=READ_THEN_WRITE)
+    wait_until(lambda: held.execute(WAITING, (HOLD,)).fetchone() is not None, 20, "held")
+    return job
+
+
+def resumed_and_written_once(job: Job, workspace: Path) -> None:
+    """The job, resumed once by another orchestrator, completed its two calls; the file
+    was written once."""
+    result = job.wait(timeout=60)
+    assert result.status == "completed" and result.final_text == "written"
+    assert (workspace / "out.txt").read_text() == "a line\n"  # once
+    assert [c.id for c in result.tool_calls] == ["r", "w"]
+    starts = [e.data["resumed"] for e in job.events() if e.type == "job_started"]
+    assert starts == [False, True]
+
+
 @pytest.mark.parametrize("held", ["list_files"], indirect=True)
 def test_a_turn_that_only_reads_goes_on_while_stored_and_nothing_acts_before_it(
     cluster: Cluster,
@@ -245,7 +263,7 @@ def test_a_turn_that_only_reads_goes_on_while_stored_and_nothing_acts_before_it(
     (the read turn not in it): the model is asked again from there, and the file is
     written once."""
     orchestrators()  # one to run it
-    job = cluster.client.submit("x", workspace=str(workspace), script=READ_THEN_WRITE)
+    job = read_turn_held(cluster, held, workspace)
     stream = keys.events(job.id)
 
     def queued(call_id: str) -> bool:
@@ -254,16 +272,35 @@ def test_a_turn_that_only_reads_goes_on_while_stored_and_nothing_acts_before_it(
             e.type == "tool_call_queued" and e.data.get("call_id") == call_id for e in events
         )
 
-    wait_until(lambda: held.execute(WAITING, (HOLD,)).fetchone() is not None, 20, "held")
     wait_until(lambda: queued("w"), 10, "the next turn asked while the read turn is held")
     time.sleep(3)  # the write's worker took it, found its turn not stored, and let it go
     assert not (workspace / "out.txt").exists()
     assert client.exists(keys.call(job.id, 1, "w")) == 0  # never claimed
     orchestrators()  # one to resume it
     killed_while_held(client, held, job)
-    result = job.wait(timeout=60)
-    assert result.status == "completed" and result.final_text == "written"
-    assert (workspace / "out.txt").read_text() == "a line\n"  # once
-    assert [c.id for c in result.tool_calls] == ["r", "w"]
-    starts = [e.data["resumed"] for e in job.events() if e.type == "job_started"]
-    assert starts == [False, True]
+    resumed_and_written_once(job, workspace)
+
+
+@pytest.mark.parametrize("held", ["list_files"], indirect=True)
+def test_an_orchestrator_stopping_lets_its_write_land_before_it_lets_the_job_go(
+    cluster: Cluster,
+    workspace: Path,
+    held: psycopg.Connection[Any],
+    orchestrators: Callable[[], None],
+    client: redis.Redis,
+) -> None:
+    """An orchestrator told to stop (SIGTERM) while a read turn's write is held in
+    PostgreSQL keeps the job's lease until that write has landed: whoever resumes the
+    job reads a transcript that no late commit changes after. Then it lets the job go,
+    and another orchestrator completes it."""
+    orchestrators()  # one to run it
+    job = read_turn_held(cluster, held, workspace)
+    owner = client.get(keys.lease(job.id))
+    assert owner is not None
+    os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGTERM)
+    time.sleep(8)  # its consumer stopped (6 s at most), its jobs cancelled
+    assert client.get(keys.lease(job.id)) == owner  # still its: the write has not landed
+    orchestrators()  # one to resume it
+    held.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
+    wait_until(lambda: client.get(keys.lease(job.id)) != owner, 20, "the job let go")
+    resumed_and_written_once(job, workspace)
