@@ -27,6 +27,14 @@ def cluster() -> Iterator[Cluster]:
     yield from start_cluster(heartbeat_interval_s=0.5, heartbeat_ttl_s=2)
 
 
+def signal_owner(client: redis.Redis, job: Job, sig: signal.Signals) -> bytes:
+    """Send `sig` to the orchestrator holding the job's lease; that lease's value."""
+    owner = client.get(keys.lease(job.id))
+    assert owner is not None
+    os.kill(int(owner.decode().rsplit(":", 1)[1]), sig)
+    return owner
+
+
 def test_job_resumes_on_another_orchestrator(cluster: Cluster, workspace: Path) -> None:
     env = {
         **os.environ,
@@ -59,9 +67,7 @@ def test_job_resumes_on_another_orchestrator(cluster: Cluster, workspace: Path) 
         for event in job.events():
             if event.type == "tool_call_queued":
                 break
-        owner = client.get(keys.lease(job.id))
-        assert owner is not None
-        os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGKILL)
+        signal_owner(client, job, signal.SIGKILL)
         started = time.monotonic()
         result = job.wait(timeout=60)
         assert result.status == "completed" and result.final_text == "survived"
@@ -161,9 +167,7 @@ def write_sent_while_stored(
 
 def killed_while_held(client: redis.Redis, held: psycopg.Connection[Any], job: Job) -> None:
     """The job's orchestrator killed while its held write waits, which never commits."""
-    owner = client.get(keys.lease(job.id))
-    assert owner is not None
-    os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGKILL)
+    signal_owner(client, job, signal.SIGKILL)
     blocked = held.execute(WAITING, (HOLD,)).fetchone()
     assert blocked is not None
     held.execute("SELECT pg_terminate_backend(%s)", (blocked[0],))  # never committed
@@ -295,9 +299,7 @@ def test_an_orchestrator_stopping_lets_its_write_land_before_it_lets_the_job_go(
     and another orchestrator completes it."""
     orchestrators()  # one to run it
     job = read_turn_held(cluster, held, workspace)
-    owner = client.get(keys.lease(job.id))
-    assert owner is not None
-    os.kill(int(owner.decode().rsplit(":", 1)[1]), signal.SIGTERM)
+    owner = signal_owner(client, job, signal.SIGTERM)
     time.sleep(8)  # its consumer stopped (6 s at most), its jobs cancelled
     assert client.get(keys.lease(job.id)) == owner  # still its: the write has not landed
     orchestrators()  # one to resume it
