@@ -7,7 +7,6 @@ lock, so any number of processes may start at once.
 
 from __future__ import annotations
 
-import asyncio
 from importlib import resources
 from typing import Any
 
@@ -23,6 +22,7 @@ from broker import fastjson
 from broker.errors import Unavailable
 from broker.outage import check_connection, stale
 from broker.pg import features as pg_features
+from broker.pg.job_accepts import Accept, JobAccepts
 from broker.pg.transcript_writes import Results, TranscriptWrites, Write
 from broker.protocol import JobResult, JobSpec, ToolCallRecord
 
@@ -73,20 +73,6 @@ SELECT_MESSAGES = (
 # Accepting a job is one statement too: keep the rest of its task graph (from its first
 # delivery), start it unless it is final or a subagent (which needs its slot first), and
 # return it with its session's transcript.
-ACCEPT_JOB = (
-    "UPDATE jobs SET chain = coalesce(chain, %(chain)s),"
-    " status = CASE WHEN %(start)s AND status IN ('queued', 'running')"
-    "   AND coalesce((spec->>'depth')::int, 0) = 0 THEN 'running' ELSE status END,"
-    " orchestrator = CASE WHEN %(start)s AND status IN ('queued', 'running')"
-    "   AND coalesce((spec->>'depth')::int, 0) = 0 THEN %(orchestrator)s ELSE orchestrator END,"
-    " started_at = CASE WHEN %(start)s AND status IN ('queued', 'running')"
-    "   AND coalesce((spec->>'depth')::int, 0) = 0 THEN coalesce(started_at, now())"
-    "   ELSE started_at END"
-    " WHERE id = %(id)s RETURNING id, session_id, status, spec, chain,"
-    " (SELECT coalesce(json_agg(json_build_object('seq', m.seq, 'role', m.role,"
-    "   'content', m.content, 'job_id', m.job_id) ORDER BY m.seq), '[]')"
-    "   FROM messages m WHERE m.session_id = jobs.session_id) AS transcript"
-)
 SELECT_APPROVAL = (  # by name: a later migration's column must not change a prepared plan
     "SELECT id, job_id, turn, call_id, tool, input, reason, status, answered_by,"
     " requested_at, answered_at FROM approvals WHERE id = %s"
@@ -320,17 +306,18 @@ class AsyncStore:
 
     def __init__(self, url: str, max_size: int = 10, outage_s: float = 0.0) -> None:
         self.pool = async_pool(url, max_size, configure=_configure)
-        # the transcript's writes have connections of their own, where their statement is
-        # planned once (a plan made per write cost 0.5 ms), and reads every table by its
-        # key: a plan kept from a new database's first seconds, its tables nearly empty,
-        # scanned them whole on every write however large they grew
+        # the batched statements (the transcript's writes, the accepts) have connections of
+        # their own, a batch in flight on each: there each statement is planned once (a
+        # plan made per write cost 0.5 ms), and reads every table by its key (a plan kept
+        # from a new database's first seconds, its tables nearly empty, scanned them whole
+        # on every write however large they grew). A storm of accepts waits there, not in
+        # the pool's queue, where the running jobs' statements would wait behind it.
         generic = with_setting(url, "plan_cache_mode", "force_generic_plan")
         keyed = with_setting(generic, "enable_seqscan", "off")
-        self.write_pool = async_pool(keyed, TranscriptWrites.IN_FLIGHT, configure=_configure)
+        batched = TranscriptWrites.IN_FLIGHT + JobAccepts.IN_FLIGHT
+        self.write_pool = async_pool(keyed, batched, configure=_configure)
         self.writes = TranscriptWrites(self.write_pool, outage_s=outage_s)
-        # accepts take at most half the pool: a storm of them waits here, not in the pool's
-        # queue, where the running jobs' statements would wait behind it (and time out)
-        self.accepts = asyncio.Semaphore(max(1, max_size // 2))
+        self.accepts = JobAccepts(self.write_pool)
 
     async def open(self) -> None:
         await self.pool.open(wait=True)
@@ -392,20 +379,9 @@ class AsyncStore:
         self, job_id: str, orchestrator_id: str, chain: list[Any] | None, start: bool = True
     ) -> dict[str, Any] | None:
         """The job with its session's transcript, its chain kept (a given one if it has
-        none yet) and, when `start`, started unless it is final or a subagent: one
-        round trip. None for an unknown job."""
-        async with self.accepts, self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                ACCEPT_JOB,
-                {
-                    "id": job_id,
-                    "chain": None if chain is None else Jsonb(chain),
-                    "start": start,
-                    "orchestrator": orchestrator_id,
-                },
-            )
-            return await cur.fetchone()
+        none yet) and, when `start`, started unless it is final or a subagent; accepted
+        with the others of this pass of the loop. None for an unknown job."""
+        return await self.accepts.accept(Accept(job_id, orchestrator_id, chain, start))
 
     async def start_job(self, job_id: str, orchestrator_id: str) -> bool:
         async with self.pool.connection() as conn:

@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from broker import fastjson
 from broker.outage import async_retrying, postgres_down
+from broker.pg.batches import each_result
 from broker.protocol import CallOutcome
 from broker.redis.batching import PassBatcher
 
@@ -157,24 +158,11 @@ class TranscriptWrites(PassBatcher[Write]):
         await self.submit(write)
 
     async def send(self, items: list[Write]) -> list[Any]:
-        try:
-            await self._execute(items)
-            return [None] * len(items)
-        except psycopg.OperationalError:
-            raise  # the connection, not a row: every write of the batch fails
-        except psycopg.Error as exc:
-            if len(items) == 1:
-                return [exc]
-        results: list[Any] = []
-        for item in items:  # one at a time: only the write at fault fails
-            try:
-                await self._execute([item])
-                results.append(None)
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error as exc:
-                results.append(exc)
-        return results
+        return await each_result(items, self._written)
+
+    async def _written(self, items: list[Write]) -> list[None]:
+        await self._execute(items)
+        return [None] * len(items)
 
     async def _execute(self, items: list[Write]) -> None:
         params = batch_params(items)
