@@ -1,6 +1,6 @@
 """The orchestrator's pool under a storm of accepts (a thousand agent runs taken at once):
-the accepts take at most half its connections, so the statements of the jobs already
-running still get one at once."""
+the accepts go as batches on connections of their own, so the statements of the jobs
+already running still get one of the pool's at once."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from tests.conftest import Isolated
 def test_a_storm_of_accepts_leaves_the_running_jobs_room_in_the_pool(
     isolated: Isolated,
 ) -> None:
-    """Ten accepts of a job whose row another transaction holds all block, on half the
-    pool's connections; a running job's read gets one of the others at once."""
+    """Ten accepts of a job whose row another transaction holds all block (in batches, on
+    the batched statements' connections); a running job's read gets a connection at once."""
     sync = Store(isolated.database_url)
     sync.migrate()
     sync.create_job("j", "s", JobSpec(prompt="p", workspace="/tmp"))
