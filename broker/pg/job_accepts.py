@@ -71,7 +71,7 @@ class JobAccepts(PassBatcher[Accept]):
     """Each accept's result is the job's row with its transcript, or None for a job that
     does not exist."""
 
-    IN_FLIGHT = 2  # batches at once: one being written, the next gathering
+    IN_FLIGHT = 2  # batches at once: one out, the next gathering
 
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         super().__init__(self.IN_FLIGHT)

@@ -70,9 +70,6 @@ START_JOB = (
 SELECT_MESSAGES = (
     "SELECT seq, role, content, job_id FROM messages WHERE session_id = %s ORDER BY seq"
 )
-# Accepting a job is one statement too: keep the rest of its task graph (from its first
-# delivery), start it unless it is final or a subagent (which needs its slot first), and
-# return it with its session's transcript.
 SELECT_APPROVAL = (  # by name: a later migration's column must not change a prepared plan
     "SELECT id, job_id, turn, call_id, tool, input, reason, status, answered_by,"
     " requested_at, answered_at FROM approvals WHERE id = %s"
